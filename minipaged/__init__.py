@@ -1,0 +1,22 @@
+"""minipaged: vLLM-style PagedAttention rebuilt stage by stage.
+
+Stage 0 :mod:`minipaged.kv.contiguous` · 1 :mod:`minipaged.kv.allocator` · 2 :mod:`minipaged.kv.block_table`
+· 3 :mod:`minipaged.kv.slot_mapping` · 4 :mod:`minipaged.kernels` · 5 :mod:`minipaged.engine`
+· 6 :mod:`minipaged.kv.prefix_cache`. The engine's entry point is :class:`LLM`.
+"""
+
+from minipaged.engine.llm import LLM, CompletionOutput, RequestOutput, StepSnapshot
+from minipaged.engine.sampling_params import SamplingParams
+from minipaged.kv.allocator import BlockPool, KVCacheBlock, NoFreeBlocksError
+from minipaged.kv.block_table import BlockTable
+from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
+from minipaged.kv.prefix_cache import PrefixCache
+from minipaged.kv.slot_mapping import PagedKVCache
+from minipaged.model.loader import load_model
+
+__all__ = [
+    "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StepSnapshot",
+    "BlockPool", "KVCacheBlock", "NoFreeBlocksError", "BlockTable", "ContiguousKVCache", "FirstFitArena",
+    "PagedKVCache", "PrefixCache", "load_model",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Attention: the torch reference (:mod:`.reference`) and the cache backends (:mod:`.backend`)."""

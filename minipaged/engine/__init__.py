@@ -1,0 +1,1 @@
+"""Stage 5: the engine — sequence, scheduler, block manager, model runner, LLM."""

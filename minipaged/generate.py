@@ -1,0 +1,135 @@
+"""Static-batch greedy generation, the runner of stages 0-3 (no scheduler yet).
+
+All prompts are prefilled together in one packed forward, then every step decodes one token
+per sequence. Only the KV cache changes between stages, which makes their outputs comparable
+token for token and logit for logit:
+
+- ``"recompute"``: no cache; each step runs the whole sequence again (the oracle);
+- ``"contiguous"`` (stage 0): each sequence reserves a ``max_seq_len`` buffer;
+- ``"paged"`` (stage 3): blocks from a pool, written by slot mapping, read through block tables.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from minipaged.attention.backend import PagedBackend, PagedMetadata, RecomputeBackend
+from minipaged.kv.allocator import BlockPool
+from minipaged.kv.block_table import BlockTable, padded_block_tables
+from minipaged.kv.contiguous import ContiguousBackend, ContiguousKVCache
+from minipaged.kv.slot_mapping import PagedKVCache, build_slot_mapping
+from minipaged.model.decoder import DecoderModel
+
+CACHES = ("recompute", "contiguous", "paged")
+
+
+@dataclass
+class Generation:
+    """tokens[i]: the new token ids of prompt i; logits[s]: [num_seqs, vocab] at step s."""
+
+    tokens: list[list[int]]
+    logits: list[torch.Tensor]
+    cache: object | None = None  # the final KV state (ContiguousKVCache or PagedState), for inspection
+
+
+@dataclass
+class PagedState:
+    kv: PagedKVCache
+    pool: BlockPool
+    tables: list[BlockTable]
+
+
+def _cu(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+
+
+@torch.inference_mode()
+def greedy_generate(
+    model: DecoderModel,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    cache: str = "paged",
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    shuffle_seed: int | None = 0,
+    attention_backend: str = "torch",
+) -> Generation:
+    """Greedy-decode ``max_new_tokens`` tokens for each prompt (token id lists, any lengths).
+
+    ``shuffle_seed`` scatters the paged pool's free list so that consecutive logical blocks
+    land in unrelated physical blocks (None keeps them in order).
+    """
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    cfg, dev = model.config, model.device
+    seqs = [list(p) for p in prompts]
+    max_len = max(len(p) for p in seqs) + max_new_tokens
+    layers, kv_heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+
+    if cache == "contiguous":
+        store = ContiguousKVCache(
+            layers, kv_heads, head_dim, max_seq_len=max_len, max_seqs=len(seqs), dtype=model.dtype, device=dev
+        )
+        for i in range(len(seqs)):
+            store.add_sequence(i)
+        backend = ContiguousBackend(store)
+    elif cache == "paged":
+        need = sum(-(-(len(p) + max_new_tokens) // block_size) for p in seqs)
+        num_blocks = need if num_blocks is None else num_blocks
+        pool = BlockPool(num_blocks)
+        if shuffle_seed is not None:  # free every block once, in a random order
+            blocks = pool.allocate(num_blocks)
+            random.Random(shuffle_seed).shuffle(blocks)
+            for b in blocks:
+                pool.free([b])
+        store = PagedState(
+            PagedKVCache(layers, num_blocks, block_size, kv_heads, head_dim, model.dtype, dev),
+            pool,
+            [BlockTable(block_size) for _ in seqs],
+        )
+        backend = PagedBackend(store.kv, attention_backend)
+    else:
+        store = None
+
+    out_tokens: list[list[int]] = [[] for _ in seqs]
+    step_logits: list[torch.Tensor] = []
+    cached = [0] * len(seqs)  # tokens whose K/V are already in the cache
+    for _ in range(max_new_tokens):
+        if cache == "recompute":
+            cached = [0] * len(seqs)
+        new = [s[c:] for s, c in zip(seqs, cached)]
+        q_lens = [len(n) for n in new]
+        ctx = [len(s) for s in seqs]
+        input_ids = torch.tensor([t for n in new for t in n], device=dev)
+        positions = torch.tensor([p for c, s in zip(cached, seqs) for p in range(c, len(s))], device=dev)
+        cu = _cu(q_lens, dev)
+        if cache == "recompute":
+            backend = RecomputeBackend(cu)
+        elif cache == "contiguous":
+            backend.set_batch(list(range(len(seqs))), q_lens, ctx)
+        else:
+            for table, q in zip(store.tables, q_lens):
+                table.append_tokens(q, store.pool)
+            ids = [t.block_ids for t in store.tables]
+            backend.set_batch(
+                PagedMetadata(
+                    slot_mapping=build_slot_mapping(ids, cached, ctx, block_size, dev),
+                    block_tables=padded_block_tables(ids, device=dev),
+                    context_lens=torch.tensor(ctx, dtype=torch.int32, device=dev),
+                    cu_seqlens_q=cu,
+                )
+            )
+        logits = model(input_ids, positions, backend, logits_indices=cu[1:].long() - 1)
+        step_logits.append(logits)
+        next_ids = logits.argmax(-1).tolist()
+        cached = ctx
+        for i, t in enumerate(next_ids):
+            seqs[i].append(t)
+            out_tokens[i].append(t)
+    return Generation(out_tokens, step_logits, store)

@@ -1,0 +1,210 @@
+"""Stage 1: the block pool, in vLLM v1's vocabulary.
+
+KV memory is cut into ``num_blocks`` fixed-size blocks. A :class:`KVCacheBlock` counts its
+users in ``ref_cnt`` (several sequences may share one block). Blocks nobody uses wait in a
+:class:`FreeBlockQueue`, a doubly linked list: allocation pops the least recently freed block
+from the front, freeing appends at the back, and stage 6 (prefix caching) can pull a cached
+block out of the middle in O(1) when a new request hits it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+
+class NoFreeBlocksError(RuntimeError):
+    """An allocation asked for more blocks than are free (the pool is left unchanged)."""
+
+
+class BlockPoolError(ValueError):
+    """A misuse of the pool: freeing a free block, sharing a free block, a foreign block."""
+
+
+@dataclass(eq=False)  # identity, not field equality: two blocks are never "the same block"
+class KVCacheBlock:
+    """One physical block; ``block_hash`` is set by stage 6 while the block holds a cached prefix."""
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: int | None = None
+    # Free-queue links; both None while the block is outside the queue.
+    prev_free_block: KVCacheBlock | None = field(default=None, repr=False)
+    next_free_block: KVCacheBlock | None = field(default=None, repr=False)
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks, least recently freed first; every operation is O(1).
+
+    Two sentinel nodes (``head`` and ``tail``) mean no operation special-cases an empty list
+    or the ends. The links live in the blocks themselves, so no per-node allocation is needed.
+    """
+
+    def __init__(self, blocks: Iterable[KVCacheBlock] = ()) -> None:
+        self.head = KVCacheBlock(block_id=-1)
+        self.tail = KVCacheBlock(block_id=-1)
+        self.head.next_free_block = self.tail
+        self.tail.prev_free_block = self.head
+        self._len = 0
+        for block in blocks:
+            self.append(block)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, block: KVCacheBlock) -> bool:
+        return block.prev_free_block is not None
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        node = self.head.next_free_block
+        while node is not self.tail:
+            yield node
+            node = node.next_free_block
+
+    def popleft(self) -> KVCacheBlock:
+        """Remove and return the least recently freed block."""
+        if self._len == 0:
+            raise IndexError("popleft from an empty FreeBlockQueue")
+        block = self.head.next_free_block
+        self.remove(block)
+        return block
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the back (it will be reused last)."""
+        if block in self:
+            raise BlockPoolError(f"block {block.block_id} is already in the free queue")
+        last = self.tail.prev_free_block
+        last.next_free_block = block
+        block.prev_free_block = last
+        block.next_free_block = self.tail
+        self.tail.prev_free_block = block
+        self._len += 1
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink ``block`` from wherever it sits (stage 6 revives cached free blocks this way)."""
+        if block not in self:
+            raise BlockPoolError(f"block {block.block_id} is not in the free queue")
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None
+        self._len -= 1
+
+
+class BlockPool:
+    """``num_blocks`` physical blocks, handed out and taken back by reference count.
+
+    ``on_evict`` is the stage 6 seam: when allocation reuses a free block that still carries a
+    ``block_hash`` (a cached prefix nobody uses), the pool calls ``on_evict(block)`` so the prefix
+    cache can forget the hash, then clears it. This stage never sets a hash itself.
+    """
+
+    def __init__(self, num_blocks: int, on_evict: Callable[[KVCacheBlock], None] | None = None) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.on_evict = on_evict
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use, 0.0 .. 1.0."""
+        return self.num_used_blocks / self.num_blocks
+
+    def allocate(self, n: int) -> list[KVCacheBlock]:
+        """Take ``n`` free blocks (ref_cnt 1 each), all or nothing."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"number of blocks must be a non-negative int, got {n!r}")
+        if n > self.num_free_blocks:
+            raise NoFreeBlocksError(f"asked for {n} blocks, only {self.num_free_blocks} free of {self.num_blocks}")
+        blocks = [self.free_queue.popleft() for _ in range(n)]
+        for block in blocks:
+            self._evict_if_cached(block)
+            block.ref_cnt = 1
+        return blocks
+
+    def _evict_if_cached(self, block: KVCacheBlock) -> None:
+        """Stage 6 seam: a reused block's old cached content is gone, tell the prefix cache."""
+        if block.block_hash is None:
+            return
+        if self.on_evict is not None:
+            self.on_evict(block)
+        block.block_hash = None
+
+    def free(self, blocks: Iterable[KVCacheBlock | int]) -> None:
+        """Drop one reference to each block (given as blocks or ids); unused ones become free.
+
+        Pass a request's blocks in logical order: they are appended in reverse, so its tail
+        blocks (least likely to be shared as a prefix) are reused first. The whole list is
+        checked before anything changes.
+        """
+        resolved = [self._lookup(b) for b in blocks]
+        for block_id, times in Counter(b.block_id for b in resolved).items():
+            ref_cnt = self.blocks[block_id].ref_cnt
+            if ref_cnt == 0:
+                raise BlockPoolError(f"block {block_id} is already free")
+            if times > ref_cnt:
+                raise BlockPoolError(f"block {block_id} freed {times} times but its ref_cnt is {ref_cnt}")
+        for block in reversed(resolved):
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+
+    def share(self, block: KVCacheBlock | int) -> None:
+        """One more user of a block already in use (e.g. a forked sequence)."""
+        block = self._lookup(block)
+        if block.ref_cnt == 0:
+            raise BlockPoolError(f"cannot share block {block.block_id}: it is free")
+        block.ref_cnt += 1
+
+    def touch(self, block: KVCacheBlock | int) -> None:
+        """Stage 6 seam: take one more reference to a prefix-cache hit, reviving it if it was free.
+
+        Unlike :meth:`share`, a free block is fine here: a cached block whose users are all gone
+        still waits in the free queue with its content intact, and a hit pulls it out of the middle.
+        """
+        block = self._lookup(block)
+        if block.ref_cnt == 0:
+            self.free_queue.remove(block)
+        block.ref_cnt += 1
+
+    def _lookup(self, block: KVCacheBlock | int) -> KVCacheBlock:
+        block_id = block.block_id if isinstance(block, KVCacheBlock) else block
+        if isinstance(block_id, bool) or not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+            raise BlockPoolError(f"unknown block id {block_id!r} (pool has blocks 0..{self.num_blocks - 1})")
+        if isinstance(block, KVCacheBlock) and self.blocks[block_id] is not block:
+            raise BlockPoolError(f"block {block_id} does not belong to this pool")
+        return self.blocks[block_id]
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless the free queue and the ref counts agree.
+
+        Explicit raises rather than ``assert`` statements, so ``python -O`` still checks.
+        """
+        seen: set[int] = set()
+        for block in self.free_queue:
+            # Stopping at the first repeat also ends the walk if the links form a cycle.
+            if block.block_id in seen:
+                raise AssertionError(f"block {block.block_id} is in the free queue twice")
+            if not 0 <= block.block_id < self.num_blocks or self.blocks[block.block_id] is not block:
+                raise AssertionError(f"block {block.block_id} in the free queue does not belong to this pool")
+            seen.add(block.block_id)
+        if len(seen) != self.num_free_blocks:
+            raise AssertionError(f"free queue holds {len(seen)} blocks but counts {self.num_free_blocks}")
+        for block in self.blocks:
+            if block.block_id in seen and block.ref_cnt != 0:
+                raise AssertionError(f"block {block.block_id} is in the free queue with ref_cnt {block.ref_cnt}")
+            if block.block_id not in seen and block.ref_cnt <= 0:
+                raise AssertionError(f"block {block.block_id} is outside the free queue with ref_cnt {block.ref_cnt}")
+
+    def __repr__(self) -> str:
+        return f"BlockPool(num_blocks={self.num_blocks}, free={self.num_free_blocks})"

@@ -1,0 +1,220 @@
+"""Stage 0: the contiguous baseline that PagedAttention replaces.
+
+Classic servers give each sequence one contiguous K/V buffer ``[num_layers, max_seq_len,
+num_kv_heads, head_dim]``, reserved up front because the output length is unknown. Here all
+buffers are carved out of one slot arena by first fit, which makes both kinds of waste
+measurable:
+
+- internal: reserved slots no token will ever fill (:class:`ContiguousStats`);
+- external: free slots split into holes too small for the next reservation
+  (:attr:`FirstFitArena.external_fragmentation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from minipaged.attention.reference import causal_attention
+
+
+class ArenaFullError(RuntimeError):
+    """No hole is large enough for a reservation (the arena is left unchanged)."""
+
+
+class ReservationExceededError(RuntimeError):
+    """A sequence grew past the slots reserved for it."""
+
+
+class FirstFitArena:
+    """``num_slots`` slots, handed out as contiguous ranges; each reservation goes in the first hole that fits."""
+
+    def __init__(self, num_slots: int) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.num_slots = num_slots
+        self._spans: dict[Hashable, tuple[int, int]] = {}  # owner -> (start, size)
+
+    def reserve(self, owner: Hashable, size: int) -> int:
+        """Reserve ``size`` contiguous slots for ``owner``; return the first slot."""
+        if owner in self._spans:
+            raise ValueError(f"{owner!r} already holds a reservation")
+        if size < 1:
+            raise ValueError(f"reservation size must be >= 1, got {size}")
+        for start, hole in self.holes():
+            if hole >= size:
+                self._spans[owner] = (start, size)
+                return start
+        if size <= self.free_slots:
+            raise ArenaFullError(
+                f"no hole fits {size} slots: the largest hole is {self.largest_hole} although "
+                f"{self.free_slots} slots are free (external fragmentation)"
+            )
+        raise ArenaFullError(f"asked for {size} slots, only {self.free_slots} free of {self.num_slots}")
+
+    def free(self, owner: Hashable) -> None:
+        if owner not in self._spans:
+            raise KeyError(f"{owner!r} holds no reservation")
+        del self._spans[owner]
+
+    def span(self, owner: Hashable) -> tuple[int, int]:
+        """(start, size) of ``owner``'s reservation."""
+        if owner not in self._spans:
+            raise KeyError(f"{owner!r} holds no reservation")
+        return self._spans[owner]
+
+    def reservations(self) -> dict[Hashable, tuple[int, int]]:
+        """owner -> (start, size), in address order."""
+        return dict(sorted(self._spans.items(), key=lambda item: item[1][0]))
+
+    def holes(self) -> list[tuple[int, int]]:
+        """(start, size) of every maximal free range, in address order."""
+        holes, cursor = [], 0
+        for start, size in sorted(self._spans.values()):
+            if start > cursor:
+                holes.append((cursor, start - cursor))
+            cursor = start + size
+        if cursor < self.num_slots:
+            holes.append((cursor, self.num_slots - cursor))
+        return holes
+
+    @property
+    def free_slots(self) -> int:
+        return self.num_slots - sum(size for _, size in self._spans.values())
+
+    @property
+    def largest_hole(self) -> int:
+        return max((size for _, size in self.holes()), default=0)
+
+    @property
+    def external_fragmentation(self) -> float:
+        """1 - largest_hole / free_slots: the share of free memory a maximal request cannot use (0 if none free)."""
+        free = self.free_slots
+        return 0.0 if free == 0 else 1.0 - self.largest_hole / free
+
+
+@dataclass
+class ContiguousStats:
+    """Slots reserved by all sequences versus slots holding a token."""
+
+    reserved_slots: int
+    used_slots: int
+
+    @property
+    def waste_pct(self) -> float:
+        """Percentage of reserved slots holding no token (0 when nothing is reserved)."""
+        return 0.0 if self.reserved_slots == 0 else 100.0 * (1 - self.used_slots / self.reserved_slots)
+
+
+class ContiguousKVCache:
+    """K/V tensors ``[num_layers, num_slots, num_kv_heads, head_dim]``, a contiguous range of slots per sequence.
+
+    Size the arena with ``num_slots``, or with ``max_seqs`` (room for that many ``max_seq_len`` buffers).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_seq_len: int,
+        max_seqs: int | None = None,
+        num_slots: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if (max_seqs is None) == (num_slots is None):
+            raise ValueError("give exactly one of max_seqs and num_slots")
+        num_slots = max_seqs * max_seq_len if num_slots is None else num_slots
+        self.max_seq_len = max_seq_len
+        self.arena = FirstFitArena(num_slots)
+        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_tokens: dict[Hashable, int] = {}  # seq_id -> tokens written so far
+
+    def add_sequence(self, seq_id: Hashable, reserve: int | None = None) -> int:
+        """Reserve ``reserve`` slots (default ``max_seq_len``) for a new sequence; return its first slot."""
+        start = self.arena.reserve(seq_id, self.max_seq_len if reserve is None else reserve)
+        self.num_tokens[seq_id] = 0
+        return start
+
+    def remove_sequence(self, seq_id: Hashable) -> None:
+        self.arena.free(seq_id)
+        del self.num_tokens[seq_id]
+
+    def reservations(self) -> dict[Hashable, tuple[int, int]]:
+        """seq_id -> (first slot, reserved slots), in address order."""
+        return self.arena.reservations()
+
+    def can_reserve(self, size: int | None = None) -> bool:
+        """Whether :meth:`add_sequence` with ``reserve=size`` (default ``max_seq_len``) would succeed now."""
+        return self.arena.largest_hole >= (self.max_seq_len if size is None else size)
+
+    def check_fits(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Raise ReservationExceededError unless ``num_tokens`` tokens fit in the sequence's reservation."""
+        _, size = self.arena.span(seq_id)
+        if num_tokens > size:
+            raise ReservationExceededError(f"sequence {seq_id!r} needs {num_tokens} slots but reserved only {size}")
+
+    def write(self, layer: int, seq_id: Hashable, pos: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V ``[n, num_kv_heads, head_dim]`` of positions ``pos .. pos + n - 1`` of a sequence."""
+        end = pos + k.shape[0]
+        # Without this check a long sequence would silently overwrite its neighbour's buffer.
+        self.check_fits(seq_id, end)
+        start, _ = self.arena.span(seq_id)
+        self.k[layer, start + pos : start + end] = k.to(self.k.dtype)
+        self.v[layer, start + pos : start + end] = v.to(self.v.dtype)
+        self.num_tokens[seq_id] = max(self.num_tokens[seq_id], end)
+
+    def read(self, layer: int, seq_id: Hashable, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V ``[context_len, num_kv_heads, head_dim]`` of a sequence's first tokens (views, no copy)."""
+        self.check_fits(seq_id, context_len)
+        start, _ = self.arena.span(seq_id)
+        return self.k[layer, start : start + context_len], self.v[layer, start : start + context_len]
+
+    def stats(self) -> ContiguousStats:
+        reserved = sum(size for _, size in self.reservations().values())
+        return ContiguousStats(reserved_slots=reserved, used_slots=sum(self.num_tokens.values()))
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class ContiguousBackend:
+    """The attention backend of stage 0: write new K/V into each sequence's buffer, attend over its prefix."""
+
+    def __init__(self, cache: ContiguousKVCache, scale: float | None = None) -> None:
+        self.cache = cache
+        self.scale = scale
+        self.seq_ids: list[Hashable] = []
+        self.q_lens: list[int] = []
+        self.context_lens: list[int] = []
+
+    def set_batch(self, seq_ids: Sequence[Hashable], q_lens: Sequence[int], context_lens: Sequence[int]) -> None:
+        """Describe the next step: sequence ``i`` brings ``q_lens[i]`` new tokens (packed in this
+        order) and holds ``context_lens[i]`` tokens once they are written."""
+        if not len(seq_ids) == len(q_lens) == len(context_lens):
+            raise ValueError("seq_ids, q_lens and context_lens must have the same length")
+        for seq_id, q_len, context_len in zip(seq_ids, q_lens, context_lens, strict=True):
+            if not 0 <= q_len <= context_len:
+                raise ValueError(f"sequence {seq_id!r}: need 0 <= q_len ({q_len}) <= context_len ({context_len})")
+            # Fail before layer 0 writes anything rather than halfway through the batch.
+            self.cache.check_fits(seq_id, context_len)
+        self.seq_ids, self.q_lens, self.context_lens = list(seq_ids), list(q_lens), list(context_lens)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim] -> like q."""
+        if q.shape[0] != sum(self.q_lens):
+            raise ValueError(f"got {q.shape[0]} tokens, set_batch announced {sum(self.q_lens)}")
+        out = torch.empty_like(q)
+        offset = 0
+        for seq_id, q_len, context_len in zip(self.seq_ids, self.q_lens, self.context_lens, strict=True):
+            new = slice(offset, offset + q_len)
+            self.cache.write(layer, seq_id, context_len - q_len, k[new], v[new])
+            k_seq, v_seq = self.cache.read(layer, seq_id, context_len)
+            out[new] = causal_attention(q[new], k_seq, v_seq, self.scale)
+            offset += q_len
+        return out

@@ -1,0 +1,91 @@
+"""Stage 3: slot mapping and the paged KV cache tensors.
+
+A physical slot is one token's place in the pool: ``slot = block_id * block_size + offset``.
+Viewing a cache ``[num_blocks, block_size, num_kv_heads, head_dim]`` as ``[num_slots,
+num_kv_heads, head_dim]`` makes the write of a batch's new K/V one scatter by slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+PAD_SLOT = -1  # a slot_mapping entry that writes nothing (padding tokens)
+
+
+def slots_for(block_table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+    """Slots of token positions ``start .. end - 1`` of one sequence whose blocks are ``block_table``."""
+    if end > len(block_table) * block_size:
+        raise ValueError(
+            f"positions up to {end - 1} need {-(-end // block_size)} blocks, the table has {len(block_table)}"
+        )
+    return [block_table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
+
+
+def build_slot_mapping(
+    block_tables: Sequence[Sequence[int]],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """int64 [num_new_tokens]: the slot of every new token of a batch, sequences packed in order.
+
+    Sequence ``i`` writes positions ``starts[i] .. ends[i] - 1`` (a prefill writes its whole
+    prompt, a decode step writes one token).
+    """
+    slots: list[int] = []
+    for table, start, end in zip(block_tables, starts, ends):
+        slots += slots_for(table, start, end, block_size)
+    return torch.tensor(slots, dtype=torch.int64, device=device)
+
+
+def store_kvcache(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write new K/V into the paged cache, in place; slot -1 writes nothing.
+
+    key, value: [num_tokens, num_kv_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
+    num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens].
+    """
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
+
+
+class PagedKVCache:
+    """The physical pool: K and V tensors of every layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    Which block belongs to which sequence lives elsewhere (the allocator and block tables);
+    this class only holds memory.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one physical block's K/V in every layer (copy-on-write)."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]

@@ -1,0 +1,6 @@
+"""The decoder (:mod:`.decoder`), checkpoint loading (:mod:`.loader`) and tokenizers."""
+
+from minipaged.model.decoder import DecoderModel
+from minipaged.model.loader import EMBEDDED_MODEL_DIR, load_model
+
+__all__ = ["DecoderModel", "EMBEDDED_MODEL_DIR", "load_model"]

@@ -1,0 +1,86 @@
+"""Tokenizers: the embedded model's byte tokenizer, and Hugging Face ``tokenizer.json`` files."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0-255; named special tokens follow (``<copy>`` = 256, ...).
+
+    Special tokens are written in prompt strings by name, e.g. ``"hello<copy>abc<end>"``.
+    """
+
+    def __init__(self, special_tokens: list[str], eos_token: str) -> None:
+        self.special_ids = {name: 256 + i for i, name in enumerate(special_tokens)}
+        self.special_names = {i: name for name, i in self.special_ids.items()}
+        self.eos_token_id = self.special_ids[eos_token]
+        self.vocab_size = 256 + len(special_tokens)
+        self._split = re.compile("(" + "|".join(re.escape(s) for s in special_tokens) + ")")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ByteTokenizer:
+        cfg = json.loads(Path(path).read_text())
+        return cls(cfg["special_tokens"], cfg["eos_token"])
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in self._split.split(text):
+            if piece in self.special_ids:
+                ids.append(self.special_ids[piece])
+            else:
+                ids += piece.encode("utf-8")
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        out, pending = [], bytearray()
+        for i in ids:
+            if i < 256:
+                pending.append(i)
+                continue
+            out.append(pending.decode("utf-8", errors="replace"))
+            pending = bytearray()
+            if not skip_special_tokens:
+                out.append(self.special_names.get(i, f"<{i}>"))
+        out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class HFTokenizer:
+    """A ``tokenizer.json`` read with the ``tokenizers`` package (no transformers needed)."""
+
+    def __init__(self, path: str | Path, eos_token_id: int | None) -> None:
+        from tokenizers import Tokenizer as _Tokenizer
+
+        self._tok = _Tokenizer.from_file(str(path))
+        self.eos_token_id = eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def load_tokenizer(folder: str | Path, eos_token_id: int | None) -> Tokenizer | None:
+    """The folder's tokenizer, or None (prompts must then be token ids)."""
+    folder = Path(folder)
+    if (folder / "byte_tokenizer.json").exists():
+        return ByteTokenizer.from_file(folder / "byte_tokenizer.json")
+    if (folder / "tokenizer.json").exists():
+        try:
+            return HFTokenizer(folder / "tokenizer.json", eos_token_id)
+        except ImportError:
+            return None
+    return None

@@ -1,0 +1,169 @@
+"""Stage 5: the engine — continuous batching, chunked prefill, preemption, sampling, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import random_prompts
+
+from minipaged import LLM, SamplingParams
+from minipaged.engine.block_manager import PagedKVManager
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def tokens(outputs) -> list[list[list[int]]]:
+    return [[c.token_ids for c in o.outputs] for o in outputs]
+
+
+def assert_pool_clean(llm: LLM) -> None:
+    assert not llm.has_unfinished_requests()
+    if isinstance(llm.kv, PagedKVManager):
+        llm.kv.pool.check_invariants()
+        assert llm.kv.pool.num_free_blocks == llm.num_blocks
+    else:
+        assert llm.kv.cache.reservations() == {}
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(10, seed=3, max_len=40)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model_dir, prompts):
+    """Each prompt generated on its own, with an ample pool."""
+    llm = LLM(tiny_model_dir, max_model_len=128)
+    return [tokens(llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts]
+
+
+def test_batched_equals_alone(tiny_model_dir, prompts, alone):
+    llm = LLM(tiny_model_dir, max_model_len=128)
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    assert_pool_clean(llm)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_kvcache_blocks=8, block_size=8),  # far smaller than the batch needs: preemptions
+        dict(max_num_batched_tokens=7),  # chunked prefill of every prompt longer than 7
+        dict(max_num_seqs=3, block_size=4),
+        dict(kv_cache="contiguous", num_kvcache_blocks=32, block_size=8),  # room for 2 reservations
+        dict(num_kvcache_blocks=9, block_size=8, max_num_batched_tokens=5, enable_prefix_caching=True),
+    ],
+)
+def test_same_tokens_under_any_configuration(tiny_model_dir, prompts, alone, kwargs):
+    llm = LLM(tiny_model_dir, max_model_len=128, **kwargs)
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    assert_pool_clean(llm)
+
+
+def test_memory_pressure_preempts_and_recovers(tiny_model_dir, prompts, alone):
+    llm = LLM(tiny_model_dir, max_model_len=128, num_kvcache_blocks=7, block_size=8)
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    assert llm.kv_stats()["num_preemptions"] >= 4
+    assert_pool_clean(llm)
+
+
+def test_step_api_snapshots(tiny_model_dir):
+    llm = LLM(tiny_model_dir, max_model_len=64, block_size=4, num_kvcache_blocks=16)
+    a = llm.add_request(list(range(1, 10)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    b = llm.add_request(list(range(20, 25)), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    first = llm.step()
+    assert [(s["request_id"], s["kind"], s["num_tokens"]) for s in first.scheduled] == [
+        (a, "prefill", 9),
+        (b, "prefill", 5),
+    ]
+    assert [len(t) for t in first.block_tables.values()] == [3, 2]  # ceil(9/4), ceil(5/4)
+    assert sum(c > 0 for c in first.ref_cnt) == 5 and first.num_free_blocks == 11
+    second = llm.step()
+    assert [s["kind"] for s in second.scheduled] == ["decode", "decode"]
+    assert [o.request_id for o in second.finished] == [b]  # its 2nd token: done, blocks freed at once
+    assert list(second.block_tables.values()) == [first.block_tables[first.running[0]]]  # 10 tokens fit in 3
+    assert second.num_free_blocks == 13
+    third = llm.step()
+    assert third.scheduled[0]["num_tokens"] == 1 and third.finished[0].outputs[0].finish_reason == "length"
+    assert len(third.finished[0].outputs[0].token_ids) == 3
+    assert_pool_clean(llm)
+
+
+def test_seeded_sampling_does_not_depend_on_batching_or_preemption(tiny_model_dir, prompts):
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=10, seed=i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    ample = LLM(tiny_model_dir, max_model_len=128)
+    alone = [tokens(ample.generate([p], sp, use_tqdm=False))[0] for p, sp in zip(prompts, params)]
+    tight = LLM(tiny_model_dir, max_model_len=128, num_kvcache_blocks=8, block_size=8)
+    assert tokens(tight.generate(prompts, params, use_tqdm=False)) == alone
+    assert tight.kv_stats()["num_preemptions"] > 0
+    greedy_like = {tuple(t[0]) for t in alone}
+    assert len(greedy_like) == len(prompts)
+
+
+def test_parallel_sampling_copy_on_write_equals_independent_samples(tiny_model_dir):
+    """n samples that share the prompt's blocks (paged, copy-on-write) produce the same tokens
+    as n independent sequences (contiguous, nothing shared)."""
+    prompts = random_prompts(3, seed=5, min_len=5, max_len=30)
+    sp = SamplingParams(temperature=1.0, n=3, seed=7, max_tokens=8, ignore_eos=True)
+    paged = LLM(tiny_model_dir, max_model_len=64, block_size=8)
+    shared = tokens(paged.generate(prompts, sp, use_tqdm=False))
+    contiguous = LLM(tiny_model_dir, max_model_len=64, kv_cache="contiguous", num_kvcache_blocks=72, block_size=8)
+    assert shared == tokens(contiguous.generate(prompts, sp, use_tqdm=False))
+    assert all(len(samples) == 3 and len({tuple(s) for s in samples}) > 1 for samples in shared)
+    partial = sum(len(p) % 8 != 0 for p in prompts)
+    assert paged.kv_stats()["cow_copies"] == 2 * partial  # all but the last writer copy the shared tail
+    assert_pool_clean(paged)
+
+
+@pytest.mark.parametrize(
+    "prompt, params, message",
+    [
+        ([], GREEDY, "prompt 1 is empty"),
+        ([1] * 30, SamplingParams(max_tokens=10), "exceeds max_model_len 32"),
+        ([5, 97], GREEDY, r"outside the vocabulary \[0, 97\): \[97\]"),
+        ([5, -1], GREEDY, "outside the vocabulary"),
+        ("text", GREEDY, "no tokenizer"),
+    ],
+)
+def test_bad_input_raises_and_loses_nothing(tiny_model_dir, prompt, params, message):
+    llm = LLM(tiny_model_dir, max_model_len=32)
+    with pytest.raises(ValueError, match=message):
+        llm.generate([[1, 2, 3], prompt], [GREEDY, params], use_tqdm=False)
+    assert not llm.has_unfinished_requests()  # nothing half-queued
+    ok = llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
+    assert len(ok[0].outputs[0].token_ids) == 12
+
+
+def test_request_that_never_fits_is_rejected_not_looped(tiny_model_dir):
+    llm = LLM(tiny_model_dir, max_model_len=128, num_kvcache_blocks=4, block_size=8)
+    with pytest.raises(ValueError, match="needs 5 blocks of 8 tokens but the whole pool has 4"):
+        llm.generate([[1] * 30], SamplingParams(max_tokens=10), use_tqdm=False)
+    with pytest.raises(ValueError, match="cannot hold one sequence"):
+        LLM(tiny_model_dir, max_model_len=128, kv_cache="contiguous", num_kvcache_blocks=4, block_size=8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_tokens=0), "max_tokens must be >= 1"),
+        (dict(temperature=-0.1), "temperature must be >= 0"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(n=0), "n must be >= 1"),
+    ],
+)
+def test_sampling_params_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_add_request_error_keeps_queued_requests(tiny_model_dir):
+    llm = LLM(tiny_model_dir, max_model_len=32)
+    rid = llm.add_request([1, 2, 3], GREEDY)
+    with pytest.raises(ValueError):
+        llm.add_request([], GREEDY)
+    finished = []
+    while llm.has_unfinished_requests():
+        finished += llm.step().finished
+    assert [o.request_id for o in finished] == [rid]
