@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from minipaged import embedded
 from minipaged.config import ModelConfig
 from minipaged.model.decoder import DecoderModel
+from minipaged.model.loader import load_model
 from minipaged.model.tokenizer import ByteTokenizer
 
 CURRICULUM = [(16, 8), (32, 16), (64, 32), (64, 48), (128, 48), (256, 48)]  # (max preamble, max text)
@@ -109,16 +110,26 @@ def make_optimizer(model: DecoderModel, lr: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98))
 
 
-def train(out: Path, seed: int, final_steps: int, max_curriculum_steps: int, batch_size: int) -> None:
+def train(
+    out: Path,
+    seed: int,
+    final_steps: int,
+    max_curriculum_steps: int,
+    batch_size: int,
+    init: Path | None = None,
+    start_stage: int = 0,
+) -> None:
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tok = ByteTokenizer(embedded.SPECIAL_TOKENS, embedded.EOS)
     cfg = model_config()
     model = DecoderModel(cfg)
+    if init is not None:  # resume from a saved checkpoint (weights only)
+        model.load_state_dict(load_model(init)[0].state_dict())
     print(f"parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M", flush=True)
     opt = make_optimizer(model, 2e-3)
     start = time.time()
-    stage, recent, step = 0, deque(maxlen=20), 0
+    stage, recent, step = start_stage, deque(maxlen=20), 0
     # Phase 1: gated curriculum at a constant learning rate.
     while stage < len(CURRICULUM) and step < max_curriculum_steps:
         ids, mask = make_batch(rng, tok, batch_size, *CURRICULUM[stage])
@@ -181,8 +192,10 @@ def main() -> None:
     p.add_argument("--final-steps", type=int, default=1500)
     p.add_argument("--max-curriculum-steps", type=int, default=4000)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--init", type=Path, default=None, help="start from this checkpoint folder")
+    p.add_argument("--start-stage", type=int, default=0, help="curriculum stage to start at")
     a = p.parse_args()
-    train(a.out, a.seed, a.final_steps, a.max_curriculum_steps, a.batch_size)
+    train(a.out, a.seed, a.final_steps, a.max_curriculum_steps, a.batch_size, a.init, a.start_stage)
 
 
 if __name__ == "__main__":

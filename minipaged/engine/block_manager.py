@@ -90,25 +90,28 @@ class PagedKVManager:
             self.num_cow_copies += 1
         table = seq.block_table
         table.append_tokens(seq.num_computed_tokens + num_new_tokens - table.num_tokens, self.pool)
+        self._publish(seq, seq.num_computed_tokens // self.block_size, table.num_tokens // self.block_size)
+
+    def _publish(self, seq: Sequence, first: int, end: int) -> None:
+        """Offer blocks ``first .. end - 1`` of ``seq``, full once this step has run, to the prefix cache.
+
+        They are published before the step computes them, so a request admitted later in the same
+        step can share them: every attention layer writes the whole batch's K/V before any query
+        reads, so the reader finds them in place.
+        """
+        if self.prefix_cache is None or end <= first:
+            return
+        bs = self.block_size
+        seq.block_hashes = chain_hashes(seq.token_ids[: end * bs], bs, seq.block_hashes[:first])
+        for i in range(first, end):
+            block = self.pool.blocks[seq.block_table.block_ids[i]]
+            self.prefix_cache.insert(block, seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (``ref_cnt + 1`` each)."""
         for block_id in parent.block_table.block_ids:
             self.pool.share(block_id)
         child.block_table.add_blocks(parent.block_table.block_ids, parent.block_table.num_tokens)
-
-    def commit(self, seq: Sequence) -> None:
-        """After a step: publish the sequence's newly completed blocks to the prefix cache."""
-        if self.prefix_cache is None:
-            return
-        full = seq.num_computed_tokens // self.block_size
-        seq.block_hashes = chain_hashes(
-            seq.token_ids[: full * self.block_size], self.block_size, seq.block_hashes[:full]
-        )
-        bs = self.block_size
-        for i in range(full):
-            block = self.pool.blocks[seq.block_table.block_ids[i]]
-            self.prefix_cache.insert(block, seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
 
     def free(self, seq: Sequence) -> None:
         seq.block_table.free(self.pool)
@@ -163,9 +166,6 @@ class ContiguousKVManager:
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         if seq.seq_id not in self.cache.reservations():
             self.cache.add_sequence(seq.seq_id)
-
-    def commit(self, seq: Sequence) -> None:
-        pass
 
     def free(self, seq: Sequence) -> None:
         if seq.seq_id in self.cache.reservations():

@@ -210,7 +210,6 @@ class LLM:
             self.prefill_tokens_computed += sum(n for s, n in zip(batch.seqs, batch.q_lens) if not s.is_decode(n))
             for row, (seq, n) in enumerate(zip(batch.seqs, batch.q_lens)):
                 seq.num_computed_tokens += n
-                self.kv.commit(seq)
                 if seq.num_computed_tokens < len(seq):
                     continue  # a prefill chunk that did not reach the end: nothing to sample yet
                 family = [seq]

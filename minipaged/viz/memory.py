@@ -174,9 +174,11 @@ def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str
         raise ValueError("nothing to draw: no series in result")
     fig, axes = new_figure(11, 8, nrows=3, sharex=True)
     scale = 100 / num_slots if num_slots else 1
-    linestyles = ["-", "--", "-.", (0, (1, 1))]
+    # Systems with other names (e.g. two contiguous variants) get further colours and dashes.
+    extra = [(PALETTE[5], "-"), (PALETTE[2], "--"), (PALETTE[3], "-."), (PALETTE[1], (0, (1, 1)))]
     for i, (name, series) in enumerate(systems.items()):
-        style = SYSTEM_STYLE.get(name, {"color": PALETTE[(5 + 2 * i) % 7], "linestyle": linestyles[i % 4]})
+        color, linestyle = extra[i % len(extra)]
+        style = SYSTEM_STYLE.get(name, {"color": color, "linestyle": linestyle})
         x = range(len(series["admitted"]))  # each replay runs until its own last request is done
         axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, label=f"{name}: holds tokens", **style)
         axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, alpha=0.9,

@@ -71,8 +71,9 @@ def draw_pool(
     number of blocks (all free). ``owners``: block id -> owner, or a list of owners for a shared
     block (see :func:`owners_from_tables`); by default a snapshot's ``block_tables`` name them.
 
-    Each cell shows its block id (top left) and, when in use, its ``ref_cnt`` (centre). Shared
-    blocks (``ref_cnt > 1``) get a thick outline and a ``×n``; free blocks are light grey, with
+    Each cell shows its block id (top left) and, when in use, its ``ref_cnt`` (centre, or bottom
+    right under the owner's name when owners are known). Shared blocks (``ref_cnt > 1``) get a
+    thick outline and a ``×n``; free blocks are light grey, with
     their place in the free queue (``q0`` is handed out next) when it is known; cached blocks
     (stage 6) are dotted.
     """
@@ -106,9 +107,17 @@ def draw_pool(
         ink = _text_color(fill)
         ax.text(x + 0.12, y + 0.88, str(block_id), ha="left", va="top", fontsize=FONT_SIZE - 5, color=ink)
         if rc > 0:
-            label = f"×{rc}" if shared else str(rc)
-            ax.text(x + 0.5, y + 0.42, label, ha="center", va="center", fontsize=FONT_SIZE,
-                    fontweight="bold" if shared else "normal", color=ink)
+            count = f"×{rc}" if shared else str(rc)
+            weight = "bold" if shared else "normal"
+            if block_owners:  # owner in the middle, ref_cnt in the corner
+                name = ",".join(str(o) for o in block_owners)
+                ax.text(x + 0.5, y + 0.5, name if len(name) <= 5 else name[:4] + "…", ha="center", va="center",
+                        fontsize=FONT_SIZE - 3, color=ink)
+                ax.text(x + 0.88, y + 0.1, count, ha="right", va="bottom", fontsize=FONT_SIZE - 4,
+                        fontweight=weight, color=ink)
+            else:
+                ax.text(x + 0.5, y + 0.42, count, ha="center", va="center", fontsize=FONT_SIZE,
+                        fontweight=weight, color=ink)
         elif block_id in queue_pos:
             ax.text(x + 0.88, y + 0.12, f"q{queue_pos[block_id]}", ha="right", va="bottom",
                     fontsize=FONT_SIZE - 6, color="#555555")
@@ -119,7 +128,11 @@ def draw_pool(
     used = sum(1 for rc in ref_cnt if rc > 0)
     summary = f"{num_blocks} blocks: {used} in use, {num_blocks - used} free"
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
-    handles = [Patch(facecolor=colors[o], edgecolor="#444444", label=str(o)) for o in list(colors)[:10]]
+    try:
+        legend_owners = sorted(colors)
+    except TypeError:  # owners of mixed types
+        legend_owners = list(colors)
+    handles = [Patch(facecolor=colors[o], edgecolor="#444444", label=str(o)) for o in legend_owners[:10]]
     if len(colors) > 10:
         handles.append(Patch(facecolor="white", edgecolor="white", label=f"... {len(colors) - 10} more"))
     handles.append(Patch(facecolor=FREE, edgecolor="#444444", label="free"))
@@ -170,7 +183,10 @@ def draw_block_tables(
     per physical block) greys out blocks in use by no table drawn.
     """
     seqs = _tables_of(tables, block_size, num_tokens)
-    ncols = ncols or max(1, math.ceil(num_blocks / 16))
+    logical_rows = sum(max(1, len(ids)) for ids, _ in seqs.values()) + 0.6 * max(0, len(seqs) - 1)
+    # One column of physical blocks while it is not much taller than the logical side: arrows
+    # to a second column would cross the first.
+    ncols = ncols or max(1, math.ceil(num_blocks / max(24, logical_rows)))
     pool_rows = math.ceil(num_blocks / ncols)
     colors = owner_colors(list(seqs))
     draw_slots = block_size <= 64
@@ -188,7 +204,6 @@ def draw_block_tables(
     # Geometry (data units): logical blocks at x 0..LW, table cells at TX, pool from PX.
     LW, TX, TW = 4.0, 5.4, 1.1
     PX, PW, PGAP = 8.6, 2.6, 1.0
-    logical_rows = sum(max(1, len(ids)) for ids, _ in seqs.values()) + 0.6 * max(0, len(seqs) - 1)
     height = max(logical_rows, pool_rows)
     width = PX + ncols * (PW + PGAP)
     fig, ax = new_figure(min(22.0, max(10.0, 0.75 * width)), 0.55 * height + 1.8)
@@ -233,7 +248,7 @@ def draw_block_tables(
             yb = y + 0.15
             slot_cells(0, yb, LW, min(block_size, max(0, n - j * block_size)), color)
             ax.add_patch(Rectangle((0, yb), LW, 0.7, fill=False, edgecolor="#444444", lw=1.2, gid="logical"))
-            ax.text(-0.15, yb + 0.35, f"{name} {j}", ha="right", va="center", fontsize=FONT_SIZE - 2)
+            ax.text(-0.15, yb + 0.35, f"{name} #{j}", ha="right", va="center", fontsize=FONT_SIZE - 2)
             ax.add_patch(Rectangle((TX, yb), TW, 0.7, facecolor="white", edgecolor=color, lw=2, gid="table"))
             ax.text(TX + TW / 2, yb + 0.35, str(b), ha="center", va="center", fontsize=FONT_SIZE - 1)
             ax.add_patch(FancyArrowPatch((LW + 0.1, yb + 0.35), (TX - 0.05, yb + 0.35), arrowstyle="-|>",

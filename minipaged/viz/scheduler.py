@@ -275,8 +275,8 @@ def draw_kv_usage(
     Each series has one entry per step: a :meth:`LLM.kv_stats` dict (``tokens_held``,
     ``slots_allocated``) or a ``(tokens_held, slots_allocated)`` pair. Solid lines: slots taken
     (blocks allocated / reservations); dashed: slots holding a token; the gap between them is
-    waste. ``capacity`` (slots in the budget) draws a horizontal line. Artists: four ``Line2D``
-    series (plus one for the capacity).
+    waste. ``capacity`` (slots in the budget) draws a horizontal line. Artists: four step
+    ``Line2D`` series, a dotted vertical line at each run's last step, and one line for the capacity.
     """
     fig, ax = new_figure(11, 4.8)
     for label, series, color in (("paged", paged_series, PALETTE[0]), ("contiguous", contiguous_series, PALETTE[1])):
@@ -286,13 +286,14 @@ def draw_kv_usage(
         ax.step(x, held, where="mid", color=color, lw=2, ls="--", label=f"{label}: slots holding a token")
         ax.fill_between(x, held, alloc, step="mid", color=color, alpha=0.12)
         if x:
-            ax.annotate(f"done at step {x[-1]}", (x[-1], alloc[-1]), xytext=(4, 8), textcoords="offset points",
-                        fontsize=11, color=color)
+            ax.axvline(x[-1] + 0.5, color=color, lw=1, ls=":")
+            ax.annotate(f"done at step {x[-1]}", (x[-1] + 0.5, 0), xytext=(-6, 6), textcoords="offset points",
+                        ha="right", fontsize=12, color=color)
     if capacity is not None:
         ax.axhline(capacity, color="black", lw=1.2, ls=":", label=f"budget: {capacity} slots")
     ax.set_xlabel("engine step")
     ax.set_ylabel("KV slots")
     ax.set_ylim(bottom=0)
-    fig.legend(loc="outside right upper", frameon=False)
+    fig.legend(loc="outside lower center", ncol=3, frameon=False)
     ax.set_title(title or "KV memory over time, same budget", loc="left")
     return fig
