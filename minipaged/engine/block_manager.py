@@ -133,14 +133,17 @@ class PagedKVManager:
         )
 
     # -- figures ---------------------------------------------------------------------------
-    def usage(self, live: list[Sequence]) -> tuple[int, int]:
-        """(slots holding a live token, slots allocated); a shared slot counts once."""
+    def tokens_held(self, live: list[Sequence]) -> int:
+        """Slots holding a live token; a slot shared by several sequences counts once."""
         filled: dict[int, int] = {}
         for seq in live:
             n = seq.block_table.num_tokens
             for i, b in enumerate(seq.block_table.block_ids):
                 filled[b] = max(filled.get(b, 0), min(self.block_size, n - i * self.block_size))
-        return sum(filled.values()), self.pool.num_used_blocks * self.block_size
+        return sum(filled.values())
+
+    def slots_allocated(self) -> int:
+        return self.pool.num_used_blocks * self.block_size
 
 
 class ContiguousKVManager:
@@ -175,6 +178,8 @@ class ContiguousKVManager:
         ends = [s.num_computed_tokens + n for s, n in zip(seqs, q_lens)]
         self.backend.set_batch([s.seq_id for s in seqs], q_lens, ends)
 
-    def usage(self, live: list[Sequence]) -> tuple[int, int]:
-        stats = self.cache.stats()
-        return stats.used_slots, stats.reserved_slots
+    def tokens_held(self, live: list[Sequence]) -> int:
+        return self.cache.stats().used_slots
+
+    def slots_allocated(self) -> int:
+        return self.cache.stats().reserved_slots

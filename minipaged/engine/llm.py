@@ -132,6 +132,7 @@ class LLM:
         self._requests: dict[int, tuple[str | None, list[int], list[Sequence]]] = {}
         self._step = 0
         self.prefill_tokens_computed = 0
+        self.peak_slots_allocated = 0  # the most KV slots in use after any step
 
     # -- requests --------------------------------------------------------------------------
     def _encode(self, prompt: Prompt, index: int) -> tuple[str | None, list[int]]:
@@ -220,6 +221,7 @@ class LLM:
                     if self._append_token(s, sample(logits[row], s.params, s.generator)):
                         finished_requests.add(s.request_id)
         self._step += 1
+        self.peak_slots_allocated = max(self.peak_slots_allocated, self.kv.slots_allocated())
         finished = [self._output(r) for r in sorted(finished_requests) if self._output(r).finished]
         return self._snapshot(scheduled, [s.seq_id for s in batch.preempted], finished)
 
@@ -277,14 +279,14 @@ class LLM:
 
     def kv_stats(self) -> dict:
         """Pool figures: blocks, free blocks, preemptions, live tokens vs allocated slots, prefix hits."""
-        tokens, slots = self.kv.usage(self._live())
         stats = dict(
             kv_cache=self.kv_cache,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
             num_preemptions=self.scheduler.num_preemptions,
-            tokens_held=tokens,
-            slots_allocated=slots,
+            tokens_held=self.kv.tokens_held(self._live()),
+            slots_allocated=self.kv.slots_allocated(),
+            peak_slots_allocated=self.peak_slots_allocated,
             prefill_tokens_computed=self.prefill_tokens_computed,
         )
         if isinstance(self.kv, PagedKVManager):

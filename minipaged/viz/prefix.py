@@ -367,6 +367,7 @@ def draw_shared_pool(
     ax.set_xlim(-lay.label_w, lay.width + 0.2)
     ax.set_ylim(-0.3 if lay.shown == lay.num_blocks else -0.8, lay.height)
     ax.set_aspect("equal")
+    ax.set_anchor("N")  # spare height goes below the drawing, never above the title
     ax.axis("off")
     summary = _summary_line(st, block_size, hit_rate)
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left", fontsize=font + 1)
@@ -423,7 +424,7 @@ def draw_cow_steps(
     font = max(8.0, min(FONT_SIZE + 2, scale * 72 * 0.36))
     copies = [copies_between(states[k - 1], st) if k else [] for k, st in enumerate(states)]
     # Room above each panel's content: column headers (first panel), copy arrows (panels with copies).
-    tops = [lay.rows + (0.7 if k == 0 else 0.15) + (1.15 if copies[k] else 0) for k, lay in enumerate(lays)]
+    tops = [lay.rows + (0.7 if k == 0 else 0.15) + (1.0 if copies[k] else 0) for k, lay in enumerate(lays)]
     heights = [t + 0.3 for t in tops]
     fig, axes = new_figure((width + label_w + 0.5) * scale + 0.4, sum(heights) * scale + 0.9 + 0.5 * len(states),
                            nrows=len(states), squeeze=False, gridspec_kw=dict(height_ratios=heights))
@@ -446,6 +447,7 @@ def draw_cow_steps(
         ax.set_xlim(-label_w, width + 0.2)
         ax.set_ylim(-0.3, tops[k])
         ax.set_aspect("equal")
+        ax.set_anchor("N")
         ax.axis("off")
     all_st = PrefixState({n: [] for n in names}, {}, [r for s in states for r in s.ref_cnt],
                          [c for s in states for c in s.cached], {})

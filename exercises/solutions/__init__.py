@@ -1,0 +1,1 @@
+"""Reference solutions of the exercises. Try the exercises first: the tests tell you when you are right."""

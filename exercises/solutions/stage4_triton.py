@@ -1,0 +1,35 @@
+"""Reference solutions for stage 4 (notebook 04_triton_kernel)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def online_softmax_update(
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, v: torch.Tensor  # noqa: E741
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold one KV tile into ``(m, l, acc)``; ``m`` starts finite (-1e30), so a masked tile gives no NaN."""
+    m_new = torch.maximum(m, scores.max(dim=1).values)
+    alpha = torch.exp(m - m_new)  # rescales what was accumulated under the old max
+    p = torch.exp(scores - m_new[:, None])  # exp(-inf - finite) = 0 for masked keys
+    return m_new, l * alpha + p.sum(dim=1), acc * alpha[:, None] + p @ v
+
+
+def tile_kv_end(context_len: int, q_len: int, q_tile: int, block_q: int) -> int:
+    """One past the last key the tile's last query sees (the tile may run past ``q_len``)."""
+    return min(context_len, context_len - q_len + (q_tile + 1) * block_q)
+
+
+def count_loop_steps(
+    q_lens: Sequence[int], context_lens: Sequence[int], num_kv_heads: int, block_q: int, block_n: int
+) -> int:
+    """Sum of ``cdiv(kv_end, block_n)`` over the programs that have queries."""
+    num_tiles = -(-max(q_lens, default=0) // block_q)
+    steps = 0
+    for q_len, context_len in zip(q_lens, context_lens):
+        for t in range(num_tiles):
+            if t * block_q < q_len:
+                steps += -(-tile_kv_end(context_len, q_len, t, block_q) // block_n)
+    return steps * num_kv_heads
