@@ -149,6 +149,7 @@ def train(
         if len(recent) == recent.maxlen and sum(recent) / len(recent) >= 0.9:
             print(f"step {step}: stage {CURRICULUM[stage]} passed", flush=True)
             stage, recent = stage + 1, deque(maxlen=20)
+            save(model, cfg, out)  # resumable with --init out --start-stage <next stage>
     # Phase 2: the full task with cosine decay.
     for group in opt.param_groups:
         group["lr"] = 1e-3

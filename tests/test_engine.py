@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import random_prompts
+from modelkit import random_prompts
 
 from minipaged import LLM, SamplingParams
 from minipaged.engine.block_manager import PagedKVManager
@@ -167,3 +167,17 @@ def test_add_request_error_keeps_queued_requests(tiny_model_dir):
     while llm.has_unfinished_requests():
         finished += llm.step().finished
     assert [o.request_id for o in finished] == [rid]
+
+
+def test_triton_backend_gives_the_same_tokens(tiny_model_dir):
+    """The engine on the Triton kernels (interpreter on CPU) equals the torch reference, with a
+    mixed batch: chunked prefill, decode, preemption and prefix hits all go through the kernels."""
+    prompts = random_prompts(4, seed=8, min_len=3, max_len=20)
+    kw = dict(
+        max_model_len=48, block_size=4, num_kvcache_blocks=12, max_num_batched_tokens=16, enable_prefix_caching=True
+    )
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    torch_out = LLM(tiny_model_dir, attention_backend="torch", **kw).generate(prompts + prompts[:1], sp, use_tqdm=False)
+    triton = LLM(tiny_model_dir, attention_backend="triton", **kw)
+    assert tokens(triton.generate(prompts + prompts[:1], sp, use_tqdm=False)) == tokens(torch_out)
+    assert triton.kv_stats()["prefix_hit_tokens"] > 0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import random_prompts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from modelkit import random_prompts
 
 from minipaged import LLM, SamplingParams
 from minipaged.kv.allocator import BlockPool
@@ -16,7 +16,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 def test_hash_is_stable_and_chained():
     # A fixed value: the same in every process and on every machine (notebook outputs rely on it).
-    assert hash_block(ROOT_HASH, [1, 2, 3, 4]) == hash_block(0, (1, 2, 3, 4))
+    assert hash_block(ROOT_HASH, [1, 2, 3, 4]) == hash_block(0, (1, 2, 3, 4)) == 0x2728AB4454AAA05B
     a = chain_hashes([1, 2, 3, 4, 5, 6, 7], 2)
     assert len(a) == 3  # only full blocks
     b = chain_hashes([9, 9, 3, 4, 5, 6], 2)

@@ -56,9 +56,9 @@ def test_online_softmax_state_after_each_tile(ex):
         seen, v_seen = scores[:, : 8 * (k + 1)], v[: 8 * (k + 1)]
         m_want = seen.max(dim=1).values.clamp(min=-1e30)
         p = torch.exp(seen - m_want[:, None])
-        torch.testing.assert_close(m, m_want, msg=lambda msg: f"running max m after tile {k}\n{msg}")
-        torch.testing.assert_close(l, p.sum(1), msg=lambda msg: f"running sum l after tile {k}\n{msg}")
-        torch.testing.assert_close(acc, p @ v_seen, msg=lambda msg: f"acc after tile {k} (not normalised)\n{msg}")
+        torch.testing.assert_close(m, m_want, msg=lambda msg, k=k: f"running max m after tile {k}\n{msg}")
+        torch.testing.assert_close(l, p.sum(1), msg=lambda msg, k=k: f"running sum l after tile {k}\n{msg}")
+        torch.testing.assert_close(acc, p @ v_seen, msg=lambda msg, k=k: f"acc after tile {k} (not normalised)\n{msg}")
 
 
 @pytest.mark.exercise("online_softmax_update")
@@ -68,7 +68,7 @@ def test_online_softmax_matches_viz_trace(ex):
     trace = online_softmax_trace(row, block_n=3)
     states = run_tiles(ex, torch.tensor([row]), torch.ones(len(row), 1), 3)
     assert [float(m[0]) for m, _, _ in states] == pytest.approx(trace["m"].tolist(), rel=1e-6)
-    assert [float(l[0]) for _, l, _ in states] == pytest.approx(trace["l"].tolist(), rel=1e-5)
+    assert [float(s[0]) for _, s, _ in states] == pytest.approx(trace["l"].tolist(), rel=1e-5)
 
 
 @pytest.mark.exercise("online_softmax_update")
@@ -79,7 +79,8 @@ def test_online_softmax_fully_masked_tile(ex):
     first, last = run_tiles(ex, scores, v, 4)
     m, l, acc = first  # noqa: E741
     assert not (torch.isnan(m).any() or torch.isnan(l).any() or torch.isnan(acc).any()), "NaN after a masked tile"
-    assert float(m[0]) == float(torch.tensor(-1e30)) and float(l[0]) == 0 and acc[0].abs().sum() == 0, "a masked tile must change nothing"
+    unchanged = float(m[0]) == float(torch.tensor(-1e30)) and float(l[0]) == 0 and acc[0].abs().sum() == 0
+    assert unchanged, "a masked tile must change nothing"
     torch.testing.assert_close(last[2] / last[1][:, None], torch.softmax(scores, -1) @ v)
 
 
@@ -126,7 +127,7 @@ def test_tile_kv_end_by_definition(ex):
 
 @pytest.mark.exercise("tile_kv_end")
 def test_tile_kv_end_keys_past_it_do_not_matter(ex):
-    """With the package's causal_attention: cutting the keys at kv_end changes nothing, one fewer key does."""
+    """With the package's causal_attention: the tile's output needs no key at or past kv_end."""
     g = torch.Generator().manual_seed(1)
     context_len, q_len, block_q = 30, 12, 4
     q = torch.randn(q_len, 2, 8, generator=g)
@@ -138,7 +139,8 @@ def test_tile_kv_end_keys_past_it_do_not_matter(ex):
         # the tile's queries against keys 0 .. end - 1 only: same positions, so shift q_len accordingly
         visible_q = q_len - (context_len - end)
         cut = causal_attention(q[: visible_q], k[:end], v[:end])[rows]
-        torch.testing.assert_close(cut, full[rows], msg=lambda msg: f"tile {t}: keys before kv_end={end} are not enough")
+        note = f"tile {t}: attention over keys 0..{end - 1} only differs"
+        torch.testing.assert_close(cut, full[rows], msg=lambda msg, note=note: f"{note}\n{msg}")
 
 
 def loop_steps_by_walk(q_lens, context_lens, num_kv_heads, block_q, block_n) -> int:

@@ -1,0 +1,70 @@
+"""The embedded tiny model: its task, its tokenizer, and its accuracy through the engine."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from minipaged import LLM, embedded
+from minipaged.attention.backend import RecomputeBackend
+from minipaged.model import EMBEDDED_MODEL_DIR, load_model
+
+
+def test_prompt_format_and_tokenizer_round_trip():
+    prompt = embedded.prompt_for("hi there", preamble="some words ")
+    assert prompt == "some words <copy>hi there<end>"
+    _, tok = load_model()
+    ids = tok.encode(prompt)
+    assert ids[-10:] == [256, *b"hi there", 257] and tok.decode(ids) == "some words hi there"
+    assert tok.decode(ids, skip_special_tokens=False) == prompt
+    assert embedded.expected_completion("hi there") == "hi there"
+
+
+def test_held_out_cases_are_seeded_and_in_range():
+    cases = embedded.held_out_cases(200)
+    assert cases == embedded.held_out_cases(200)
+    assert all(1 <= len(t) <= 48 and 0 <= len(p) <= 512 and "<" not in p for t, p in cases)
+    assert max(len(p) for _, p in cases) > 450
+
+
+def test_model_is_small_gqa_and_shipped_in_16_bit():
+    model, _ = load_model()
+    cfg = model.config
+    assert cfg.num_hidden_layers >= 2 and cfg.num_key_value_heads < cfg.num_attention_heads
+    size = sum(f.stat().st_size for f in EMBEDDED_MODEL_DIR.glob("*.safetensors"))
+    assert size < 5e6
+
+
+def test_embedded_checkpoint_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR, dtype=torch.float32).eval()
+    model, tok = load_model()
+    ids = torch.tensor(tok.encode(embedded.prompt_for("paged kv", "a preamble ")))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    ours = model(ids, torch.arange(len(ids)), RecomputeBackend(torch.tensor([0, len(ids)])))
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_accuracy_through_the_batched_engine_with_preemptions():
+    """>= 99% exact greedy copies on 200 held-out cases, served by a pool far too small for the batch."""
+    llm = LLM(num_kvcache_blocks=160, max_num_seqs=32, enable_prefix_caching=True)
+    accuracy, n = embedded.evaluate(200, llm=llm)
+    assert n == 200 and accuracy >= 0.99, accuracy
+    stats = llm.kv_stats()
+    assert stats["num_preemptions"] > 0 and stats["num_free_blocks"] == 160
+
+
+def test_random_texts_with_other_alphabets():
+    """Copying is not tied to the training alphabet: upper case and punctuation too."""
+    rng = random.Random(7)
+    texts = ["Hello, World!", "ABC-123 xyz?", "(x + y) * z"]
+    texts += [embedded.random_text(rng, 5, 30) for _ in range(5)]
+    prompts = [embedded.prompt_for(t, embedded.random_preamble(rng)) for t in texts]
+    from minipaged import SamplingParams
+
+    outs = LLM().generate(prompts, SamplingParams(temperature=0, max_tokens=50), use_tqdm=False)
+    right = sum(o.outputs[0].text == t for o, t in zip(outs, texts))
+    assert right >= len(texts) - 1
