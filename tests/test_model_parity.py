@@ -37,16 +37,26 @@ def test_packed_batch_logits_match_one_by_one(hf_checkpoint, prompts):
         torch.testing.assert_close(packed[cu[i] : cu[i + 1]], alone, rtol=1e-5, atol=1e-5)
 
 
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_checkpoint, prompts):
+    """transformers' own greedy ``generate`` for every prompt (computed once per model family)."""
+    hf, _ = hf_checkpoint
+    with torch.no_grad():
+        return [
+            hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p) :].tolist()
+            for p in prompts
+        ]
+
+
 @pytest.mark.parametrize("cache", ["recompute", "contiguous", "paged"])
-def test_greedy_tokens_match_transformers_generate(hf_checkpoint, prompts, cache):
-    hf, folder = hf_checkpoint
+def test_greedy_tokens_match_transformers_generate(hf_checkpoint, hf_greedy, prompts, cache):
+    _, folder = hf_checkpoint
     model, _ = load_model(folder)
-    new = 32
-    ours = greedy_generate(model, prompts, new, cache=cache, block_size=8).tokens
-    for p, got in zip(prompts, ours):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False)[0, len(p) :].tolist()
-        assert got == ref
+    ours = greedy_generate(model, prompts, NEW_TOKENS, cache=cache, block_size=8).tokens
+    assert ours == hf_greedy
     assert len(set(map(tuple, ours))) == len(prompts)  # a random model that repeats one token proves nothing
 
 
