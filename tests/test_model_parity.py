@@ -91,3 +91,23 @@ def test_clear_errors(hf_checkpoint, tmp_path):
     (bad / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
     with pytest.raises(ValueError, match="lacks"):
         load_model(bad)
+
+
+def test_tokenizer_json_serves_text_prompts(hf_checkpoint, tmp_path):
+    """A folder's ``tokenizer.json`` is read with the ``tokenizers`` package: text in, text out."""
+    tokenizers = pytest.importorskip("tokenizers")
+    hf, _ = hf_checkpoint
+    hf.save_pretrained(tmp_path)
+    words = [f"w{i}" for i in range(96)]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}},
+                                                           unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    tok.save(str(tmp_path / "tokenizer.json"))
+    from minipaged import LLM, SamplingParams
+
+    llm = LLM(tmp_path, max_model_len=64)
+    out = llm.generate("w5 w17 w3", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    assert out.prompt_token_ids == [6, 18, 4]
+    assert out.outputs[0].text == tok.decode(out.outputs[0].token_ids)
+    assert len(out.outputs[0].token_ids) == 4
