@@ -15,7 +15,9 @@ def demo(args: argparse.Namespace) -> None:
     from minipaged import LLM, SamplingParams, embedded
 
     rng = random.Random(args.seed)
-    preamble = embedded.random_preamble(rng, 200, 200)  # one shared "system prompt"
+    # One shared "system prompt" of 208 characters (13 full blocks of 16): half the requests use it.
+    preamble = "You are a careful copy machine. Repeat the text between the markers exactly. " * 3
+    preamble = preamble[:208]
     texts = ["hello paged attention", "blocks like os pages", "kv cache 2026", "minipaged"]
     texts += [embedded.random_text(rng) for _ in range(args.num_prompts - len(texts))]
     prompts = [embedded.prompt_for(t, preamble if i % 2 == 0 else "") for i, t in enumerate(texts)]
