@@ -26,13 +26,14 @@ def demo(args: argparse.Namespace) -> None:
     ok = 0
     for text, out in zip(texts, outputs):
         got = out.outputs[0].text
-        ok += got == embedded.expected_completion(text)
-        mark = "ok " if got == embedded.expected_completion(text) else "BAD"
-        shown = (out.prompt[:40] + "...") if len(out.prompt) > 40 else out.prompt
+        right = got == embedded.expected_completion(text)
+        ok += right
+        shown = out.prompt if len(out.prompt) <= 90 else f"{out.prompt[:30]}...{out.prompt[-55:]}"
         print(
-            f"[{mark}] {len(out.prompt_token_ids):4d} prompt tokens, {out.num_cached_tokens:4d} from the prefix cache"
+            f"[{'ok ' if right else 'BAD'}] {len(out.prompt_token_ids):4d} prompt tokens, "
+            f"{out.num_cached_tokens:4d} from the prefix cache"
         )
-        print(f"      prompt:     {shown!r} ... {out.prompt[-60:]!r}")
+        print(f"      prompt:     {shown!r}")
         print(f"      completion: {got!r}")
     print(f"\n{ok}/{len(texts)} completions exact")
     s = llm.kv_stats()
