@@ -222,7 +222,8 @@ class LLM:
                         finished_requests.add(s.request_id)
         self._step += 1
         self.peak_slots_allocated = max(self.peak_slots_allocated, self.kv.slots_allocated())
-        finished = [self._output(r) for r in sorted(finished_requests) if self._output(r).finished]
+        outputs = [self._output(r) for r in sorted(finished_requests)]
+        finished = [o for o in outputs if o.finished]  # all n samples of the request are done
         return self._snapshot(scheduled, [s.seq_id for s in batch.preempted], finished)
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
