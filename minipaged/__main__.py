@@ -12,21 +12,22 @@ BENCHES = ("memory", "kernels", "engine", "prefix")
 
 def demo(args: argparse.Namespace) -> None:
     """Serve a few copy prompts with the embedded model through the paged engine; print KV figures."""
-    from minipaged import LLM, SamplingParams, embedded
+    from minipaged import LLM, SamplingParams
+    from minipaged.tiny import task
 
     rng = random.Random(args.seed)
     # One shared "system prompt" of 208 characters (13 full blocks of 16): half the requests use it.
     preamble = "You are a careful copy machine. Repeat the text between the markers exactly. " * 3
     preamble = preamble[:208]
     texts = ["hello paged attention", "blocks like os pages", "kv cache 2026", "minipaged"]
-    texts += [embedded.random_text(rng) for _ in range(args.num_prompts - len(texts))]
-    prompts = [embedded.prompt_for(t, preamble if i % 2 == 0 else "") for i, t in enumerate(texts)]
+    texts += [task.random_text(rng) for _ in range(args.num_prompts - len(texts))]
+    prompts = [task.prompt_for(t, preamble if i % 2 == 0 else "") for i, t in enumerate(texts)]
     llm = LLM(block_size=16, num_kvcache_blocks=args.num_blocks, max_num_seqs=8, enable_prefix_caching=True)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
     ok = 0
     for text, out in zip(texts, outputs):
         got = out.outputs[0].text
-        right = got == embedded.expected_completion(text)
+        right = got == task.expected_completion(text)
         ok += right
         shown = out.prompt if len(out.prompt) <= 90 else f"{out.prompt[:30]}...{out.prompt[-55:]}"
         print(
@@ -55,9 +56,9 @@ def demo(args: argparse.Namespace) -> None:
 
 def evaluate(args: argparse.Namespace) -> None:
     """Accuracy of the embedded model through the batched engine (greedy)."""
-    from minipaged import embedded
+    from minipaged.tiny import task
 
-    acc, n = embedded.evaluate(num_cases=args.num_cases, num_kvcache_blocks=args.num_blocks)
+    acc, n = task.evaluate(num_cases=args.num_cases, num_kvcache_blocks=args.num_blocks)
     print(f"embedded model: {acc * n:.0f}/{n} exact completions ({100 * acc:.1f}%)")
 
 

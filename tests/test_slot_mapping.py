@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minipaged.attention import reference
-from minipaged.embedded import prompt_for
+from minipaged.tiny.task import prompt_for
 from minipaged.generate import greedy_generate
 from minipaged.kv.block_table import padded_block_tables
 from minipaged.kv.slot_mapping import PagedKVCache, build_slot_mapping, slots_for, store_kvcache

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from minipaged import LLM, SamplingParams
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
-from minipaged.workloads import synthetic_trace, token_ids_for
+from minipaged.sim import synthetic_trace, token_ids_for
 
 
 @dataclass

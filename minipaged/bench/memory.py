@@ -5,7 +5,7 @@
 A seeded synthetic trace (long-tailed lengths, Poisson arrivals) is replayed through stage 0's
 first-fit arena (reserving ``max_seq_len`` per request, or exactly prompt + output: an oracle)
 and through the block pool and block tables of stages 1-2, all with the same number of slots
-(:func:`minipaged.workloads.simulate_contiguous_vs_paged`). Printed per system: share of
+(:func:`minipaged.sim.simulate_contiguous_vs_paged`). Printed per system: share of
 allocated memory holding tokens, steps to serve the trace, mean/peak running requests,
 mean external fragmentation, preemptions.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from minipaged.workloads import simulate_contiguous_vs_paged, synthetic_trace
+from minipaged.sim import simulate_contiguous_vs_paged, synthetic_trace
 
 
 def main(argv: list[str] | None = None) -> None:

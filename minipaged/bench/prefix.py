@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import random
 
-from minipaged import LLM, SamplingParams, embedded
+from minipaged import LLM, SamplingParams
+from minipaged.tiny import task
 
 PAPER_PARALLEL_SAMPLING_SAVING = "6.1-9.8%"
 
@@ -32,13 +33,13 @@ def run(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> tuple[int
 def shared_preamble(num_requests: int, preamble_len: int, block_size: int, seed: int, model=None) -> dict:
     """Caching off vs on for requests that share one preamble; returns the figures."""
     rng = random.Random(seed)
-    preamble = embedded.random_preamble(rng, preamble_len, preamble_len)
-    texts = [embedded.random_text(rng, 8, 16) for _ in range(num_requests)]
-    prompts = [embedded.prompt_for(t, preamble) for t in texts]
+    preamble = task.random_preamble(rng, preamble_len, preamble_len)
+    texts = [task.random_text(rng, 8, 16) for _ in range(num_requests)]
+    prompts = [task.prompt_for(t, preamble) for t in texts]
     figures = {}
     for caching in (False, True):
         llm = LLM(model, block_size=block_size, max_num_seqs=num_requests, enable_prefix_caching=caching)
-        sp = SamplingParams(temperature=0, max_tokens=embedded.MAX_TEXT_CHARS + 1)
+        sp = SamplingParams(temperature=0, max_tokens=task.MAX_TEXT_CHARS + 1)
         peak, stats = run(llm, prompts, [sp] * len(prompts))
         figures[caching] = dict(prefill=stats["prefill_tokens_computed"], peak_blocks=peak,
                                 hits=stats["prefix_hit_tokens"])
@@ -48,8 +49,8 @@ def shared_preamble(num_requests: int, preamble_len: int, block_size: int, seed:
 def parallel_sampling(ns: list[int], prompt_len: int, max_tokens: int, block_size: int, seed: int, model=None):
     """Peak blocks for n samples sharing the prompt vs n independent sequences (n copies of the prompt)."""
     rng = random.Random(seed)
-    text = embedded.random_text(rng, 40, 40)
-    prompt = embedded.prompt_for(text, embedded.random_preamble(rng, prompt_len, prompt_len))
+    text = task.random_text(rng, 40, 40)
+    prompt = task.prompt_for(text, task.random_preamble(rng, prompt_len, prompt_len))
     rows = []
     for n in ns:
         sp = SamplingParams(temperature=1.0, n=n, seed=seed, max_tokens=max_tokens, ignore_eos=True)

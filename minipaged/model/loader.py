@@ -11,7 +11,7 @@ from minipaged.config import ModelConfig
 from minipaged.model.decoder import DecoderModel
 from minipaged.model.tokenizer import Tokenizer, load_tokenizer
 
-EMBEDDED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-copy"
+EMBEDDED_MODEL_DIR = Path(__file__).parents[1] / "tiny" / "assets" / "tiny-copy"
 
 
 def load_model(

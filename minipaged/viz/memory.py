@@ -162,7 +162,7 @@ def draw_waste(
 def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str | None = None) -> Figure:
     """Memory systems side by side over one replay: memory holding tokens, external fragmentation, admissions.
 
-    ``result`` is the output of :func:`minipaged.workloads.simulate_contiguous_vs_paged`, or any
+    ``result`` is the output of :func:`minipaged.sim.simulate_contiguous_vs_paged`, or any
     dict of ``{label: series}`` with such series (e.g. two contiguous runs with different
     reservations); ``"time"`` and ``"totals"`` are ignored. Top: slots holding tokens (thick) and
     allocated (dotted) per system, in percent of ``num_slots`` when given; the gap between one

@@ -11,7 +11,7 @@ import torch
 from minipaged.config import ModelConfig
 from minipaged.kv.contiguous import ArenaFullError, ContiguousKVCache, FirstFitArena
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
-from minipaged.workloads import synthetic_trace
+from minipaged.sim import synthetic_trace
 
 STAGE = "stage0_contiguous"
 

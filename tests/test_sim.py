@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from minipaged.workloads import Request, simulate_contiguous_vs_paged, synthetic_trace, token_ids_for
+from minipaged.sim import Request, simulate_contiguous_vs_paged, synthetic_trace, token_ids_for
 
 
 def test_trace_is_determined_by_its_seed():

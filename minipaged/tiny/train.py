@@ -1,6 +1,6 @@
 """Train the embedded copy model (reproducible and seeded; not run by CI).
 
-    python -m minipaged.train_embedded --out minipaged/model/assets/tiny-copy
+    python -m minipaged.tiny.train --out minipaged/tiny/assets/tiny-copy
 
 A gated curriculum grows the preamble and text lengths whenever the last 20 batches copy at
 >= 90% exact match; then a cosine-decayed phase trains on the full range (preambles 0-512,
@@ -9,12 +9,12 @@ texts 1-48). Loss is on the completion only. Weights are saved in fp16 (half the
 The shipped weights came from three runs on 2 CPU cores (about 85 minutes in all, shared with
 other work), each continuing the last one's checkpoint:
 
-    python -m minipaged.train_embedded --out run1 --final-steps 700 --short-share 0
+    python -m minipaged.tiny.train --out run1 --final-steps 700 --short-share 0
         (stopped once the 4000-step curriculum cap was hit, in stage (64, 32), after one final step)
-    python -m minipaged.train_embedded --init run1 --start-stage 2 --seed 1 --max-curriculum-steps 3000 \
+    python -m minipaged.tiny.train --init run1 --start-stage 2 --seed 1 --max-curriculum-steps 3000 \
         --final-steps 600 --short-share 0 --out run2
-    python -m minipaged.train_embedded --init run2 --start-stage 6 --seed 2 --final-steps 250 --final-lr 3e-4 \
-        --out minipaged/model/assets/tiny-copy
+    python -m minipaged.tiny.train --init run2 --start-stage 6 --seed 2 --final-steps 250 --final-lr 3e-4 \
+        --out minipaged/tiny/assets/tiny-copy
         (run 2 copied random held-out texts 200/200 but failed prompts with no preamble at all,
         e.g. "block tables" -> "blokk tables"; run 3 mixes short preambles back in)
 """
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from minipaged import embedded
+from minipaged.tiny import task
 from minipaged.config import ModelConfig
 from minipaged.model.decoder import DecoderModel
 from minipaged.model.loader import load_model
@@ -43,11 +43,11 @@ from minipaged.model.tokenizer import ByteTokenizer
 CURRICULUM = [(16, 8), (32, 16), (64, 32), (64, 48), (128, 48), (256, 48)]  # (max preamble, max text)
 SHORT_PREAMBLE = 24
 # Texts are mostly from the task's alphabet, with some full printable ASCII so copying generalises.
-TEXT_ALPHABETS = [embedded.TEXT_ALPHABET] * 3 + [string.printable[:95].replace("<", "")]
+TEXT_ALPHABETS = [task.TEXT_ALPHABET] * 3 + [string.printable[:95].replace("<", "")]
 
 
 def model_config() -> ModelConfig:
-    tok = ByteTokenizer(embedded.SPECIAL_TOKENS, embedded.EOS)
+    tok = ByteTokenizer(task.SPECIAL_TOKENS, task.EOS)
     return ModelConfig(
         model_type="qwen3",
         vocab_size=tok.vocab_size,
@@ -63,7 +63,7 @@ def model_config() -> ModelConfig:
         tie_word_embeddings=True,
         qk_norm=True,
         eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.special_ids[embedded.PAD],
+        pad_token_id=tok.special_ids[task.PAD],
     )
 
 
@@ -88,14 +88,14 @@ def make_batch(rng: random.Random, tok: ByteTokenizer, size: int, max_pre: int, 
     top = rng.randint(min_pre, max_pre)
     seqs, spans = [], []
     for _ in range(size):
-        text = embedded.random_text(rng, 1, max_text, rng.choice(TEXT_ALPHABETS))
-        pre = embedded.random_preamble(rng, max(min_pre, int(top * 0.85)), top)
-        prompt = tok.encode(embedded.prompt_for(text, pre))
-        completion = tok.encode(embedded.expected_completion(text)) + [tok.eos_token_id]
+        text = task.random_text(rng, 1, max_text, rng.choice(TEXT_ALPHABETS))
+        pre = task.random_preamble(rng, max(min_pre, int(top * 0.85)), top)
+        prompt = tok.encode(task.prompt_for(text, pre))
+        completion = tok.encode(task.expected_completion(text)) + [tok.eos_token_id]
         seqs.append(prompt + completion)
         spans.append((len(prompt), len(prompt) + len(completion)))
     width = max(len(s) for s in seqs)
-    pad = tok.special_ids[embedded.PAD]
+    pad = tok.special_ids[task.PAD]
     ids = torch.full((size, width), pad, dtype=torch.long)
     mask = torch.zeros((size, width), dtype=torch.bool)  # True where the target is a completion token
     for i, (s, (a, b)) in enumerate(zip(seqs, spans)):
@@ -136,7 +136,7 @@ def train(
 ) -> None:
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    tok = ByteTokenizer(embedded.SPECIAL_TOKENS, embedded.EOS)
+    tok = ByteTokenizer(task.SPECIAL_TOKENS, task.EOS)
     cfg = model_config()
     model = DecoderModel(cfg)
     if init is not None:  # resume from a saved checkpoint (weights only)
@@ -171,7 +171,7 @@ def train(
         for group in opt.param_groups:
             group["lr"] = final_lr * 0.5 * (1 + math.cos(math.pi * i / final_steps))
         max_pre = SHORT_PREAMBLE if rng.random() < short_share else embedded.MAX_PREAMBLE_CHARS
-        ids, mask = make_batch(rng, tok, batch_size, max_pre, embedded.MAX_TEXT_CHARS)
+        ids, mask = make_batch(rng, tok, batch_size, max_pre, task.MAX_TEXT_CHARS)
         loss, exact = batch_loss(model, ids, mask)
         opt.zero_grad()
         loss.backward()
@@ -197,7 +197,7 @@ def save(model: DecoderModel, cfg: ModelConfig, out: Path) -> None:
     save_file(state, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
     (out / "byte_tokenizer.json").write_text(
-        json.dumps({"special_tokens": embedded.SPECIAL_TOKENS, "eos_token": embedded.EOS}, indent=2) + "\n"
+        json.dumps({"special_tokens": task.SPECIAL_TOKENS, "eos_token": task.EOS}, indent=2) + "\n"
     )
 
 
