@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from minipaged import LLM
-from minipaged.tiny import task
 from minipaged.attention.backend import RecomputeBackend
 from minipaged.model import EMBEDDED_MODEL_DIR, load_model
+from minipaged.tiny import task
 
 
 def test_prompt_format_and_tokenizer_round_trip():

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from minipaged.attention import reference
-from minipaged.tiny.task import prompt_for
 from minipaged.generate import greedy_generate
 from minipaged.kv.block_table import padded_block_tables
 from minipaged.kv.slot_mapping import PagedKVCache, build_slot_mapping, slots_for, store_kvcache
 from minipaged.model import load_model
+from minipaged.tiny.task import prompt_for
 
 
 def test_slot_is_block_times_block_size_plus_offset():

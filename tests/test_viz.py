@@ -12,10 +12,10 @@ from minipaged.engine.llm import StepSnapshot
 from minipaged.kv.allocator import BlockPool
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
+from minipaged.sim import simulate_contiguous_vs_paged, synthetic_trace
 from minipaged.viz.memory import draw_fragmentation, draw_memory_map, draw_waste
 from minipaged.viz.pool import draw_block_tables, draw_pool, owners_from_tables
 from minipaged.viz.style import SHARED_EDGE, save_figure
-from minipaged.sim import simulate_contiguous_vs_paged, synthetic_trace
 
 
 def patches(fig: Figure, gid: str) -> list:

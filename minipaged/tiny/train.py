@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from minipaged.tiny import task
 from minipaged.config import ModelConfig
 from minipaged.model.decoder import DecoderModel
 from minipaged.model.loader import load_model
 from minipaged.model.tokenizer import ByteTokenizer
+from minipaged.tiny import task
 
 CURRICULUM = [(16, 8), (32, 16), (64, 32), (64, 48), (128, 48), (256, 48)]  # (max preamble, max text)
 SHORT_PREAMBLE = 24
@@ -170,7 +170,7 @@ def train(
     for i in range(final_steps):
         for group in opt.param_groups:
             group["lr"] = final_lr * 0.5 * (1 + math.cos(math.pi * i / final_steps))
-        max_pre = SHORT_PREAMBLE if rng.random() < short_share else embedded.MAX_PREAMBLE_CHARS
+        max_pre = SHORT_PREAMBLE if rng.random() < short_share else task.MAX_PREAMBLE_CHARS
         ids, mask = make_batch(rng, tok, batch_size, max_pre, task.MAX_TEXT_CHARS)
         loss, exact = batch_loss(model, ids, mask)
         opt.zero_grad()
@@ -203,7 +203,7 @@ def save(model: DecoderModel, cfg: ModelConfig, out: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=embedded.MODEL_DIR)
+    p.add_argument("--out", type=Path, default=task.MODEL_DIR)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--final-steps", type=int, default=1500)
     p.add_argument("--max-curriculum-steps", type=int, default=4000)
