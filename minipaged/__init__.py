@@ -5,7 +5,10 @@ Stage 0 :mod:`minipaged.kv.contiguous` · 1 :mod:`minipaged.kv.allocator` · 2 :
 · 6 :mod:`minipaged.kv.prefix_cache`. The engine's entry point is :class:`LLM`.
 """
 
-from minipaged.engine.llm import LLM, CompletionOutput, RequestOutput, StepSnapshot
+import logging
+
+from minipaged.engine.llm import LLM
+from minipaged.engine.outputs import CompletionOutput, RequestOutput, StepSnapshot
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.kv.allocator import BlockPool, KVCacheBlock, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
@@ -19,4 +22,13 @@ __all__ = [
     "BlockPool", "KVCacheBlock", "NoFreeBlocksError", "BlockTable", "ContiguousKVCache", "FirstFitArena",
     "PagedKVCache", "PrefixCache", "load_model",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+# Like vLLM, say what the engine chose (e.g. the KV pool's size) unless the user set up logging.
+_log = logging.getLogger("minipaged")
+if not _log.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("minipaged: %(message)s"))
+    _log.addHandler(_handler)
+    _log.setLevel(logging.INFO)
+    _log.propagate = False

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from minipaged.attention.backend import PagedBackend, PagedMetadata, RecomputeBackend
+from minipaged.attention.backends import get_ops
+from minipaged.attention.cache_attention import ContiguousAttention, PagedAttention, PagedMetadata, RecomputeAttention
 from minipaged.kv.allocator import BlockPool
-from minipaged.kv.block_table import BlockTable, padded_block_tables
-from minipaged.kv.contiguous import ContiguousBackend, ContiguousKVCache
-from minipaged.kv.slot_mapping import PagedKVCache, build_slot_mapping
+from minipaged.kv.block_table import BlockTable
+from minipaged.kv.contiguous import ContiguousKVCache
+from minipaged.kv.slot_mapping import PagedKVCache
 from minipaged.model.decoder import DecoderModel
+from minipaged.utils import cdiv
 
 CACHES = ("recompute", "contiguous", "paged")
 
@@ -43,10 +45,6 @@ class PagedState:
     tables: list[BlockTable]
 
 
-def _cu(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
-
-
 @torch.inference_mode()
 def greedy_generate(
     model: DecoderModel,
@@ -56,18 +54,20 @@ def greedy_generate(
     block_size: int = 16,
     num_blocks: int | None = None,
     shuffle_seed: int | None = 0,
-    attention_backend: str = "torch",
+    attention_backend: str = "reference",
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` tokens for each prompt (token id lists, any lengths).
 
     ``shuffle_seed`` scatters the paged pool's free list so that consecutive logical blocks
-    land in unrelated physical blocks (None keeps them in order).
+    land in unrelated physical blocks (None keeps them in order). ``attention_backend`` picks
+    the paged and contiguous caches' operations (see :mod:`minipaged.attention.backends`).
     """
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     cfg, dev = model.config, model.device
+    ops = get_ops(attention_backend, dev)
     seqs = [list(p) for p in prompts]
     max_len = max(len(p) for p in seqs) + max_new_tokens
     layers, kv_heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
@@ -78,9 +78,9 @@ def greedy_generate(
         )
         for i in range(len(seqs)):
             store.add_sequence(i)
-        backend = ContiguousBackend(store)
+        attn = ContiguousAttention(store, ops)
     elif cache == "paged":
-        need = sum(-(-(len(p) + max_new_tokens) // block_size) for p in seqs)
+        need = sum(cdiv(len(p) + max_new_tokens, block_size) for p in seqs)
         num_blocks = need if num_blocks is None else num_blocks
         pool = BlockPool(num_blocks)
         if shuffle_seed is not None:  # free every block once, in a random order
@@ -93,7 +93,7 @@ def greedy_generate(
             pool,
             [BlockTable(block_size) for _ in seqs],
         )
-        backend = PagedBackend(store.kv, attention_backend)
+        attn = PagedAttention.of(store.kv, ops)
     else:
         store = None
 
@@ -108,24 +108,16 @@ def greedy_generate(
         ctx = [len(s) for s in seqs]
         input_ids = torch.tensor([t for n in new for t in n], device=dev)
         positions = torch.tensor([p for c, s in zip(cached, seqs) for p in range(c, len(s))], device=dev)
-        cu = _cu(q_lens, dev)
+        last = torch.tensor(q_lens, device=dev).cumsum(0) - 1  # each sequence's last new token
         if cache == "recompute":
-            backend = RecomputeBackend(cu)
+            attn = RecomputeAttention(torch.nn.functional.pad(last + 1, (1, 0)).to(torch.int32))
         elif cache == "contiguous":
-            backend.set_batch(list(range(len(seqs))), q_lens, ctx)
+            attn.set_batch(list(range(len(seqs))), q_lens, ctx)
         else:
             for table, q in zip(store.tables, q_lens):
                 table.append_tokens(q, store.pool)
-            ids = [t.block_ids for t in store.tables]
-            backend.set_batch(
-                PagedMetadata(
-                    slot_mapping=build_slot_mapping(ids, cached, ctx, block_size, dev),
-                    block_tables=padded_block_tables(ids, device=dev),
-                    context_lens=torch.tensor(ctx, dtype=torch.int32, device=dev),
-                    cu_seqlens_q=cu,
-                )
-            )
-        logits = model(input_ids, positions, backend, logits_indices=cu[1:].long() - 1)
+            attn.set_batch(PagedMetadata.build([t.block_ids for t in store.tables], cached, q_lens, block_size, dev))
+        logits = model(input_ids, positions, attn, logits_indices=last)
         step_logits.append(logits)
         next_ids = logits.argmax(-1).tolist()
         cached = ctx

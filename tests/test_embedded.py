@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minipaged import LLM
-from minipaged.attention.backend import RecomputeBackend
+from minipaged.attention.cache_attention import RecomputeAttention
 from minipaged.model import EMBEDDED_MODEL_DIR, load_model
 from minipaged.tiny import task
 
@@ -45,7 +45,7 @@ def test_embedded_checkpoint_matches_transformers():
     ids = torch.tensor(tok.encode(task.prompt_for("paged kv", "a preamble ")))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
-    ours = model(ids, torch.arange(len(ids)), RecomputeBackend(torch.tensor([0, len(ids)])))
+    ours = model(ids, torch.arange(len(ids)), RecomputeAttention(torch.tensor([0, len(ids)])))
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 

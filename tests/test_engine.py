@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from modelkit import random_prompts
 
 from minipaged import LLM, SamplingParams
-from minipaged.engine.block_manager import PagedKVManager
+from minipaged.engine.kv_manager import PagedKVManager
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -19,11 +19,11 @@ def tokens(outputs) -> list[list[list[int]]]:
 
 def assert_pool_clean(llm: LLM) -> None:
     assert not llm.has_unfinished_requests()
-    if isinstance(llm.kv, PagedKVManager):
-        llm.kv.pool.check_invariants()
-        assert llm.kv.pool.num_free_blocks == llm.num_blocks
+    if isinstance(llm.kv_manager, PagedKVManager):
+        llm.kv_manager.pool.check_invariants()
+        assert llm.kv_manager.pool.num_free_blocks == llm.num_blocks
     else:
-        assert llm.kv.cache.reservations() == {}
+        assert llm.kv_manager.cache.reservations() == {}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_batched_equals_alone(tiny_model_dir, prompts, alone):
         dict(num_kvcache_blocks=8, block_size=8),  # far smaller than the batch needs: preemptions
         dict(max_num_batched_tokens=7),  # chunked prefill of every prompt longer than 7
         dict(max_num_seqs=3, block_size=4),
-        dict(kv_cache="contiguous", num_kvcache_blocks=32, block_size=8),  # room for 2 reservations
+        dict(kv_layout="contiguous", num_kvcache_blocks=32, block_size=8),  # room for 2 reservations
         dict(num_kvcache_blocks=9, block_size=8, max_num_batched_tokens=5, enable_prefix_caching=True),
     ],
 )
@@ -110,7 +110,7 @@ def test_parallel_sampling_copy_on_write_equals_independent_samples(tiny_model_d
     sp = SamplingParams(temperature=1.0, n=3, seed=7, max_tokens=8, ignore_eos=True)
     paged = LLM(tiny_model_dir, max_model_len=64, block_size=8)
     shared = tokens(paged.generate(prompts, sp, use_tqdm=False))
-    contiguous = LLM(tiny_model_dir, max_model_len=64, kv_cache="contiguous", num_kvcache_blocks=72, block_size=8)
+    contiguous = LLM(tiny_model_dir, max_model_len=64, kv_layout="contiguous", num_kvcache_blocks=72, block_size=8)
     assert shared == tokens(contiguous.generate(prompts, sp, use_tqdm=False))
     assert all(len(samples) == 3 and len({tuple(s) for s in samples}) > 1 for samples in shared)
     partial = sum(len(p) % 8 != 0 for p in prompts)
@@ -142,7 +142,7 @@ def test_request_that_never_fits_is_rejected_not_looped(tiny_model_dir):
     with pytest.raises(ValueError, match="needs 5 blocks of 8 tokens but the whole pool has 4"):
         llm.generate([[1] * 30], SamplingParams(max_tokens=10), use_tqdm=False)
     with pytest.raises(ValueError, match="cannot hold one sequence"):
-        LLM(tiny_model_dir, max_model_len=128, kv_cache="contiguous", num_kvcache_blocks=4, block_size=8)
+        LLM(tiny_model_dir, max_model_len=128, kv_layout="contiguous", num_kvcache_blocks=4, block_size=8)
 
 
 @pytest.mark.parametrize(
@@ -218,7 +218,7 @@ def test_random_mixes_never_lose_leak_or_double_hand_a_block(
         snap = llm.step()
         done.update({o.request_id: o.outputs[0].token_ids for o in snap.finished})
         held = [b for table in snap.block_tables.values() for b in table]
-        assert len(held) == len(set(held)) == llm.kv.pool.num_used_blocks
+        assert len(held) == len(set(held)) == llm.kv_manager.pool.num_used_blocks
         assert all(snap.ref_cnt[b] == 1 for b in held)
     assert sorted(done) == rids
     assert_pool_clean(llm)

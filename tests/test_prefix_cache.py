@@ -42,7 +42,7 @@ def test_eviction_order_and_hash_reuse():
     blocks = pool.allocate(3)  # blocks 0, 1, 2 hold A's three full blocks
     hashes = chain_hashes(tokens, 2)
     for i, b in enumerate(blocks):
-        cache.insert(b, hashes[i], tokens[2 * i : 2 * i + 2])
+        cache.insert(b, hashes[i], tokens[2 * i : 2 * i + 2], blocks[i - 1] if i else None)
     pool.free(blocks)
     assert [b.block_id for b in pool.free_queue] == [3, 2, 1, 0]  # never-used first, then A's tail
     assert len(cache) == 3
@@ -76,8 +76,8 @@ def test_greedy_identical_with_caching_on_and_off(tiny_model_dir, shared_prompts
     stats = on.kv_stats()
     assert stats["prefix_hit_tokens"] > 0
     assert stats["prefill_tokens_computed"] < off.kv_stats()["prefill_tokens_computed"]
-    on.kv.pool.check_invariants()
-    assert on.kv.pool.num_free_blocks == on.num_blocks
+    on.kv_manager.pool.check_invariants()
+    assert on.kv_manager.pool.num_free_blocks == on.num_blocks
 
 
 def test_whole_prompt_hit_still_computes_the_last_token(tiny_model_dir):
@@ -106,7 +106,7 @@ def test_preempted_sequence_finds_its_own_blocks(tiny_model_dir):
 def live_sharing_is_consistent(llm: LLM) -> None:
     """Every used block's ref_cnt equals the number of live block tables that hold it, and a
     block shared by several sequences holds the same tokens in each of them."""
-    pool, bs = llm.kv.pool, llm.block_size
+    pool, bs = llm.kv_manager.pool, llm.block_size
     holders: dict[int, list[tuple[int, list[int]]]] = {}
     for seq in llm.scheduler.running:
         for i, b in enumerate(seq.block_table.block_ids):
@@ -147,9 +147,40 @@ def test_random_shared_prefix_mixes(tiny_model_dir, seed, num_blocks, block_size
         for out in on.step().finished:
             done[out.request_id] = [c.token_ids for c in out.outputs]
         live_sharing_is_consistent(on)
-        on.kv.pool.check_invariants()
+        on.kv_manager.pool.check_invariants()
     assert sorted(done) == rids  # never a lost request
-    assert on.kv.pool.num_free_blocks == num_blocks  # never a leak
+    assert on.kv_manager.pool.num_free_blocks == num_blocks  # never a leak
     off = LLM(tiny_model_dir, **kw)
     want = [[c.token_ids for c in o.outputs] for o in off.generate(prompts, params, use_tqdm=False)]
     assert [done[r] for r in rids] == want
+
+
+def test_a_hash_collision_costs_a_miss_never_wrong_kv(tiny_model_dir, monkeypatch):
+    """Force collisions: a hash that ignores the parent block. B's second block then has the same
+    hash and tokens as A's, but A computed it after other tokens: sharing it would be wrong K/V."""
+    from minipaged.kv import prefix_cache
+
+    monkeypatch.setattr(prefix_cache, "hash_block", lambda parent, tokens, extra=None: hash(tuple(tokens)))
+    bs = 4
+    shared_tail = [7, 8, 9, 10]
+    a = [1, 2, 3, 4] + shared_tail + [11, 12]  # publishes [1..4] and shared_tail after it
+    c = [5, 6, 5, 6] + [13, 14]  # publishes [5, 6, 5, 6]
+    b = [5, 6, 5, 6] + shared_tail + [15, 16]  # hits [5, 6, 5, 6]; shared_tail collides with A's
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    on = LLM(tiny_model_dir, max_model_len=64, block_size=bs, num_kvcache_blocks=32, enable_prefix_caching=True)
+    off = LLM(tiny_model_dir, max_model_len=64, block_size=bs, num_kvcache_blocks=32)
+    for p in (a, c):
+        on.generate([p], sp, use_tqdm=False)
+    got = on.generate([b], sp, use_tqdm=False)[0]
+    assert got.num_cached_tokens == 4  # [5, 6, 5, 6] only: the colliding block is a miss
+    assert got.outputs[0].token_ids == off.generate([b], sp, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_parent_check_in_lookup():
+    pool = BlockPool(4)
+    cache = PrefixCache(pool)
+    x, y, z = pool.allocate(3)
+    assert cache.insert(x, 1, [1, 2]) and cache.insert(y, 2, [3, 4], parent=x)
+    assert not cache.insert(z, 3, [5, 6], parent=pool.blocks[3])  # a private parent: stays private
+    assert [b.block_id for b in cache.lookup([1, 2], [1, 2, 3, 4], 2)] == [x.block_id, y.block_id]
+    assert cache.lookup([2], [3, 4], 2) == []  # y's tokens, but y follows x, not the root

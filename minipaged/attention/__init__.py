@@ -1,1 +1,7 @@
-"""Attention: the torch reference (:mod:`.reference`) and the cache backends (:mod:`.backend`)."""
+"""Attention over a KV cache.
+
+- :mod:`.reference`: the per-sequence oracle every other path is tested against;
+- :mod:`.batched`: the same operations for a whole batch in a few tensor ops (CPU default);
+- :mod:`.backends`: choosing among reference, batched torch and Triton;
+- :mod:`.cache_attention`: the objects the decoder calls, ``attn.attend(layer, q, k, v)``.
+"""

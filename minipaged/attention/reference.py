@@ -1,4 +1,10 @@
-"""Plain PyTorch attention: the reference every cache layout and kernel is checked against.
+"""The oracle: plain, per-sequence PyTorch attention that every other path is checked against.
+
+Written to be read, not to be fast: the paged operations loop over the batch's sequences in
+Python and gather each one's K/V on its own. :mod:`minipaged.attention.batched` (the engine's
+CPU default) and :mod:`minipaged.kernels` (Triton) offer the same three operations —
+``store_kvcache``, ``paged_prefill_attention``, ``paged_decode_attention`` — with the same
+names, shapes and semantics, and the tests hold them to this module.
 
 One rule serves prefill and decode alike. A sequence has ``context_len`` tokens of keys and
 values (the new ones included) and ``q_len`` new query tokens; query ``i`` sits at position
@@ -9,6 +15,8 @@ query head ``h`` to KV head ``h // (num_heads // num_kv_heads)``. Scores and sof
 from __future__ import annotations
 
 import torch
+
+from minipaged.utils import cdiv
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
@@ -55,9 +63,24 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) 
     block_size)] physical block ids. Returns [context_len, num_kv_heads, head_dim].
     """
     block_size = cache.shape[1]
-    num_blocks = -(-context_len // block_size)
+    num_blocks = cdiv(context_len, block_size)
     blocks = cache[block_table[:num_blocks].long()]  # [num_blocks, block_size, kv_heads, head_dim]
     return blocks.reshape(-1, *cache.shape[2:])[:context_len]
+
+
+def store_kvcache(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write new K/V into the paged cache, in place; slot -1 writes nothing.
+
+    key, value: [num_tokens, num_kv_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
+    num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens]. Viewing the cache as
+    ``[num_slots, num_kv_heads, head_dim]`` makes the write one scatter by slot.
+    """
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
 
 
 def paged_prefill_attention(

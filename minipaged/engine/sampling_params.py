@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+
+# Below this temperature sampling is greedy: dividing logits by a vanishing temperature would
+# overflow to inf and give NaN probabilities (vLLM draws the line at the same value).
+GREEDY_BELOW = 1e-5
+MAX_SEED = 2**64 - 1
+
+
+def _check_int(name: str, value: object, lowest: int, highest: int | None = None) -> None:
+    # bool is an int subclass in Python, but True as a count is a bug, not a request.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < lowest or (highest is not None and value > highest):
+        bounds = f">= {lowest}" if highest is None else f"in [{lowest}, {highest}]"
+        raise ValueError(f"{name} must be {bounds}, got {value}")
+
+
+def _check_real(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature=0`` is greedy. ``top_k=0`` and ``top_p=1`` switch those filters off.
+    """``temperature=0`` is greedy. ``top_k=0`` (or -1, vLLM's spelling) and ``top_p=1`` switch
+    those filters off.
 
-    ``seed`` gives the request its own random stream, so its samples do not depend on what
-    else is batched with it. ``n`` samples share the prompt's KV blocks (copy-on-write).
+    ``seed`` (0 .. 2**64 - 1) gives the request its own random stream, so its samples do not
+    depend on what else is batched with it. ``n`` samples share the prompt's KV blocks
+    (copy-on-write). Every field is checked here, so a bad value fails before anything is queued.
     """
 
     temperature: float = 1.0
@@ -22,17 +45,20 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
+        _check_real("temperature", self.temperature)
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        _check_real("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
+        _check_int("top_k", self.top_k, -1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_int("n", self.n, 1)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, MAX_SEED)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW

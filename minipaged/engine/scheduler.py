@@ -1,19 +1,26 @@
-"""Continuous batching: which sequences run this step, and with how many new tokens.
+"""Continuous batching: which sequences run each step, with how many new tokens, and what
+happens to them once the step's tokens are sampled.
 
 Each step every running sequence asks for the tokens it still lacks K/V for (a decode asks for
 one; a prompt, or a sequence resumed after preemption, asks for many and is prefilled in chunks
-when the step's token budget is smaller). Running sequences go first, oldest first; when the pool
-cannot hold a sequence's new tokens, the most recently admitted one is preempted: its blocks are
-freed and it goes back to the front of the waiting queue, to be recomputed later. Waiting
-sequences are admitted in FIFO order while ``max_num_seqs``, the token budget and free memory allow.
+when the step's token budget is smaller). Running sequences go first, oldest first; when the
+pool cannot hold a sequence's new tokens, the most recently admitted one is preempted: its
+blocks are freed and it goes back to the front of the waiting queue, to be recomputed later.
+Waiting sequences are admitted in FIFO order while ``max_num_seqs``, the token budget and free
+memory allow.
+
+After the model ran, :meth:`Scheduler.advance` counts the computed tokens and forks the ``n``
+samples of a prompt that just finished prefilling; :meth:`Scheduler.postprocess` appends the
+sampled tokens and applies the stop rules: finished sequences leave and their blocks are freed.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from minipaged.engine.block_manager import ContiguousKVManager, PagedKVManager
+from minipaged.engine.kv_manager import KVManager
 from minipaged.engine.sequence import Sequence, Status
 
 
@@ -28,18 +35,30 @@ class ScheduledBatch:
     def __len__(self) -> int:
         return len(self.seqs)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.q_lens)
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.q_lens.append(num_tokens)
+
+
+def _seats(seq: Sequence) -> int:
+    """Places in ``max_num_seqs`` a sequence takes: its ``n`` samples once the prompt is done."""
+    return seq.params.n if seq.fork_pending else 1
 
 
 class Scheduler:
     def __init__(
-        self, kv: PagedKVManager | ContiguousKVManager, max_num_seqs: int, max_num_batched_tokens: int
+        self,
+        kv: KVManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int] = (),
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
         self.num_preemptions = 0
@@ -50,15 +69,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
-        self.running.remove(seq)
-        self.kv.free(seq)
-        seq.status = Status.WAITING
-        seq.num_computed_tokens = 0  # everything is recomputed on resumption
-        self.waiting.appendleft(seq)
-        batch.preempted.append(seq)
-        self.num_preemptions += 1
-
+    # -- before the step -------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
@@ -74,37 +85,89 @@ class Scheduler:
                     break
             else:
                 self.kv.allocate(seq, n)
-                batch.seqs.append(seq)
-                batch.q_lens.append(n)
+                batch.add(seq, n)
                 budget -= n
         # Admit only when nothing had to be preempted: memory is tight otherwise.
+        seats = sum(_seats(s) for s in self.running)
         while self.waiting and not batch.preempted and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) + (seq.params.n if seq.fork_pending else 1) > self.max_num_seqs:
+            if seats + _seats(seq) > self.max_num_seqs:
                 break
-            self.kv.match_prefix(seq)
-            n = min(len(seq) - seq.num_computed_tokens, budget)
-            if not self.kv.can_schedule(seq, n):
-                self.kv.undo_match(seq)
-                seq.num_computed_tokens = seq.num_cached_tokens = 0
+            n = self.kv.admit(seq, budget)
+            if n == 0:
                 break
-            self.kv.allocate(seq, n)
-            self.kv.hit_tokens += seq.num_cached_tokens
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
-            batch.seqs.append(seq)
-            batch.q_lens.append(n)
+            seats += _seats(seq)
+            batch.add(seq, n)
             budget -= n
         return batch
 
-    def finish(self, seq: Sequence, reason: str) -> None:
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.status = Status.WAITING
+        seq.num_computed_tokens = 0  # everything is recomputed on resumption
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+        self.num_preemptions += 1
+
+    # -- after the step --------------------------------------------------------------------
+    def advance(self, batch: ScheduledBatch) -> list[tuple[int, Sequence]]:
+        """The batch ran: count its computed tokens. Returns ``(row, seq)`` for every sequence
+        that samples now (a prompt whose last chunk ran, a decode), the forked samples of a
+        finished prompt included: they sample from their parent's row."""
+        to_sample = []
+        for row, (seq, n) in enumerate(zip(batch.seqs, batch.q_lens)):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens < len(seq):
+                continue  # a prefill chunk that did not reach the end: nothing to sample yet
+            to_sample.append((row, seq))
+            if seq.fork_pending:
+                seq.fork_pending = False
+                to_sample += [(row, child) for child in self._fork(seq)]
+        return to_sample
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        children = []
+        for i in range(1, parent.params.n):
+            child = parent.fork(i)
+            self.kv.fork(parent, child)
+            child.status = Status.RUNNING
+            self.running.append(child)
+            children.append(child)
+        return children
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
+        """Append each sampled token; finish the sequences that stop. Returns the finished ones."""
+        finished = []
+        for seq, token in zip(seqs, token_ids):
+            seq.token_ids.append(token)
+            if not seq.params.ignore_eos and token in self.eos_token_ids:
+                self._finish(seq, "stop")
+            elif seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
+                self._finish(seq, "length")
+            else:
+                continue
+            finished.append(seq)
+        return finished
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         self.running.remove(seq)
         self.kv.free(seq)
 
-    def add_running(self, seq: Sequence) -> None:
-        """A forked sample joins the running sequences (its blocks are already shared)."""
-        seq.status = Status.RUNNING
-        self.running.append(seq)
+    def abort(self, seqs: Iterable[Sequence]) -> None:
+        """Drop unfinished sequences wherever they are (finish reason ``"abort"``), freeing their blocks."""
+        for seq in seqs:
+            if seq.status is Status.FINISHED:
+                continue
+            if seq.status is Status.RUNNING:
+                self.running.remove(seq)
+            else:
+                self.waiting.remove(seq)
+            self.kv.free(seq)
+            seq.status = Status.FINISHED
+            seq.finish_reason = "abort"

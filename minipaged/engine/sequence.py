@@ -45,7 +45,7 @@ class Sequence:
         self.params = params
         self.status = Status.WAITING
         self.num_computed_tokens = 0
-        self.num_cached_tokens = 0  # prefix-cache hits at the last admission
+        self.num_cached_tokens = 0  # prefix-cache hits at the last admission (not all computed tokens)
         self.block_table = BlockTable(block_size)
         self.block_hashes: list[int] = []  # hashes of this sequence's full blocks, in order
         self.finish_reason: str | None = None
@@ -53,7 +53,7 @@ class Sequence:
         self.generator = None
         if params.seed is not None:
             # One stream per (request seed, sample): independent of batching and preemption.
-            self.generator = torch.Generator().manual_seed(params.seed * 1_000_003 + sample_index)
+            self.generator = torch.Generator().manual_seed((params.seed * 1_000_003 + sample_index) % 2**64)
 
     def __len__(self) -> int:
         return len(self.token_ids)

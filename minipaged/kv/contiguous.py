@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from minipaged.attention.reference import causal_attention
-
 
 class ArenaFullError(RuntimeError):
     """No hole is large enough for a reservation (the arena is left unchanged)."""
@@ -181,40 +179,3 @@ class ContiguousKVCache:
 
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
-
-
-class ContiguousBackend:
-    """The attention backend of stage 0: write new K/V into each sequence's buffer, attend over its prefix."""
-
-    def __init__(self, cache: ContiguousKVCache, scale: float | None = None) -> None:
-        self.cache = cache
-        self.scale = scale
-        self.seq_ids: list[Hashable] = []
-        self.q_lens: list[int] = []
-        self.context_lens: list[int] = []
-
-    def set_batch(self, seq_ids: Sequence[Hashable], q_lens: Sequence[int], context_lens: Sequence[int]) -> None:
-        """Describe the next step: sequence ``i`` brings ``q_lens[i]`` new tokens (packed in this
-        order) and holds ``context_lens[i]`` tokens once they are written."""
-        if not len(seq_ids) == len(q_lens) == len(context_lens):
-            raise ValueError("seq_ids, q_lens and context_lens must have the same length")
-        for seq_id, q_len, context_len in zip(seq_ids, q_lens, context_lens, strict=True):
-            if not 0 <= q_len <= context_len:
-                raise ValueError(f"sequence {seq_id!r}: need 0 <= q_len ({q_len}) <= context_len ({context_len})")
-            # Fail before layer 0 writes anything rather than halfway through the batch.
-            self.cache.check_fits(seq_id, context_len)
-        self.seq_ids, self.q_lens, self.context_lens = list(seq_ids), list(q_lens), list(context_lens)
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim] -> like q."""
-        if q.shape[0] != sum(self.q_lens):
-            raise ValueError(f"got {q.shape[0]} tokens, set_batch announced {sum(self.q_lens)}")
-        out = torch.empty_like(q)
-        offset = 0
-        for seq_id, q_len, context_len in zip(self.seq_ids, self.q_lens, self.context_lens, strict=True):
-            new = slice(offset, offset + q_len)
-            self.cache.write(layer, seq_id, context_len - q_len, k[new], v[new])
-            k_seq, v_seq = self.cache.read(layer, seq_id, context_len)
-            out[new] = causal_attention(q[new], k_seq, v_seq, self.scale)
-            offset += q_len
-        return out

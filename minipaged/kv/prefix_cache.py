@@ -6,8 +6,13 @@ to and including that block. Hashes are blake2b digests, stable across processes
 
 A freed block whose ``ref_cnt`` drops to 0 keeps its hash and waits in the pool's LRU free
 queue: a later request can revive it (a hit) until allocation takes it for new tokens and drops
-the hash (an eviction). The tokens are stored too and compared on every hit, so even a hash
-collision can never share the wrong K/V.
+the hash (an eviction).
+
+A hash collision costs a miss, never wrong K/V: each cached block also keeps its own token ids
+and a link to the entry of the block before it in the sequence that computed it. A hit must
+match both: the tokens, and the parent being the block matched just before. Block ``i``'s K/V
+depend on every token up to it, and by induction the chain of hits holds exactly the looked-up
+sequence's tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from minipaged.kv.allocator import BlockPool, KVCacheBlock
 
@@ -42,46 +48,84 @@ def chain_hashes(
     return hashes
 
 
+@dataclass(frozen=True, eq=False)
+class CachedEntry:
+    """What a cached block holds: its tokens, after the tokens of ``parent`` (None: first block).
+
+    Compared by identity: an entry is made once, when its block is published, so a block that
+    is evicted and published again gets a new entry, and its old children no longer match it.
+    """
+
+    token_ids: tuple[int, ...]
+    parent: CachedEntry | None
+
+
 class PrefixCache:
-    """The map ``block_hash -> block`` over a :class:`BlockPool`, with hit counters."""
+    """The map ``block_hash -> block`` over a :class:`BlockPool`, and an eviction counter."""
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         pool.on_evict = self._forget
         self.blocks: dict[int, KVCacheBlock] = {}
-        self.tokens: dict[int, tuple[int, ...]] = {}  # block_id -> the token ids it holds
+        self.entries: dict[int, CachedEntry] = {}  # block_id -> what the cached block holds
         self.num_evictions = 0
 
     def _forget(self, block: KVCacheBlock) -> None:
         """Called by the pool when allocation reuses a cached free block."""
+        self._remove(block)
+        self.num_evictions += 1
+
+    def _remove(self, block: KVCacheBlock) -> None:
         if self.blocks.get(block.block_hash) is block:
             del self.blocks[block.block_hash]
-        self.tokens.pop(block.block_id, None)
-        self.num_evictions += 1
+        self.entries.pop(block.block_id, None)
 
     def lookup(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
         """The cached blocks for the longest run of leading ``hashes``, each taken (``ref_cnt + 1``).
 
-        token_ids: the sequence's tokens, to confirm each hit.
+        token_ids: the sequence's tokens; a hit must hold the same tokens and follow the block hit
+        just before it (see the module docstring).
         """
         hits: list[KVCacheBlock] = []
+        parent = None
         for i, h in enumerate(hashes):
             block = self.blocks.get(h)
-            if block is None or self.tokens[block.block_id] != tuple(token_ids[i * block_size : (i + 1) * block_size]):
+            entry = self.entries.get(block.block_id) if block is not None else None
+            tokens = tuple(token_ids[i * block_size : (i + 1) * block_size])
+            if entry is None or entry.token_ids != tokens or entry.parent is not parent:
                 break
             hits.append(block)
+            parent = entry
         for block in hits:
             self.pool.touch(block)
         return hits
 
-    def insert(self, block: KVCacheBlock, block_hash: int, token_ids: Sequence[int]) -> None:
-        """Publish a block that just became full. A block whose hash is already cached by another
-        block (computed twice) stays private: one copy is enough."""
+    def insert(
+        self, block: KVCacheBlock, block_hash: int, token_ids: Sequence[int], parent: KVCacheBlock | None = None
+    ) -> bool:
+        """Publish a block that just became full; ``parent`` is the block before it in the same
+        sequence (None for a first block). Returns whether it was cached.
+
+        A block whose hash is already cached by another block (computed twice) stays private: one
+        copy is enough. A block whose parent is private stays private too: no lookup could
+        reach it through a cached chain.
+        """
         if block.block_hash is not None or block_hash in self.blocks:
-            return
+            return False
+        parent_entry = None
+        if parent is not None:
+            parent_entry = self.entries.get(parent.block_id)
+            if parent_entry is None:
+                return False
         block.block_hash = block_hash
         self.blocks[block_hash] = block
-        self.tokens[block.block_id] = tuple(token_ids)
+        self.entries[block.block_id] = CachedEntry(tuple(token_ids), parent_entry)
+        return True
+
+    def discard(self, block: KVCacheBlock) -> None:
+        """Unpublish a block whose K/V were never written (its step failed)."""
+        self._remove(block)
+        block.block_hash = None
 
     def __len__(self) -> int:
         return len(self.blocks)

@@ -2,7 +2,8 @@
 
 A physical slot is one token's place in the pool: ``slot = block_id * block_size + offset``.
 Viewing a cache ``[num_blocks, block_size, num_kv_heads, head_dim]`` as ``[num_slots,
-num_kv_heads, head_dim]`` makes the write of a batch's new K/V one scatter by slot.
+num_kv_heads, head_dim]`` makes the write of a batch's new K/V one scatter by slot
+(``store_kvcache`` in :mod:`minipaged.attention.reference`, :mod:`minipaged.kernels`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from minipaged.utils import cdiv
+
 PAD_SLOT = -1  # a slot_mapping entry that writes nothing (padding tokens)
 
 
@@ -18,7 +21,7 @@ def slots_for(block_table: Sequence[int], start: int, end: int, block_size: int)
     """Slots of token positions ``start .. end - 1`` of one sequence whose blocks are ``block_table``."""
     if end > len(block_table) * block_size:
         raise ValueError(
-            f"positions up to {end - 1} need {-(-end // block_size)} blocks, the table has {len(block_table)}"
+            f"positions up to {end - 1} need {cdiv(end, block_size)} blocks, the table has {len(block_table)}"
         )
     return [block_table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
 
@@ -39,20 +42,6 @@ def build_slot_mapping(
     for table, start, end in zip(block_tables, starts, ends):
         slots += slots_for(table, start, end, block_size)
     return torch.tensor(slots, dtype=torch.int64, device=device)
-
-
-def store_kvcache(
-    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Write new K/V into the paged cache, in place; slot -1 writes nothing.
-
-    key, value: [num_tokens, num_kv_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
-    num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens].
-    """
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
 
 
 class PagedKVCache:

@@ -1,9 +1,9 @@
-"""A Qwen3 / Llama decoder, written for reading.
+"""A Qwen3 / Qwen2 / Llama / Mistral decoder, written for reading.
 
 Tokens of all sequences in a step are packed into one flat batch: ``input_ids: [num_tokens]``,
 ``positions: [num_tokens]``. Attention is the only place where tokens of one sequence meet, so
-the decoder hands it to a backend (see :mod:`minipaged.attention.backend`) and stays unaware of
-how the KV cache is laid out.
+the decoder hands it to a cache attention object (see :mod:`minipaged.attention.cache_attention`):
+``attn.attend(layer, q, k, v)``. The decoder stays unaware of how the KV cache is laid out.
 """
 
 from __future__ import annotations
@@ -12,8 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minipaged.attention.backend import AttentionBackend
-from minipaged.config import ModelConfig
+from minipaged.attention.cache_attention import CacheAttention
+from minipaged.config import SUPPORTED_ACTIVATIONS, ModelConfig
+from minipaged.model.rope import RotaryEmbedding
+
+# The MLP activations config.json may name (``hidden_act``), as transformers defines them.
+ACTIVATIONS = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # the same tanh formula, written out in transformers
+    "relu": F.relu,
+}
+assert set(ACTIVATIONS) == set(SUPPORTED_ACTIVATIONS), "config.SUPPORTED_ACTIVATIONS lists what is implemented here"
 
 
 class RMSNorm(nn.Module):
@@ -28,23 +40,6 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """RoPE in the "rotate half" layout used by Hugging Face checkpoints."""
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [num_tokens, heads, head_dim]; positions: [num_tokens]."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [num_tokens, 1, head_dim]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class Attention(nn.Module):
@@ -66,9 +61,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:  # Qwen3 normalises each head's query and key before RoPE
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(self.head_dim, cfg.rope_theta)
+        self.rotary = RotaryEmbedding(self.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: CacheAttention) -> torch.Tensor:
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
@@ -76,21 +71,22 @@ class Attention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
-        out = backend.attend(self.layer, q, k, v)  # [num_tokens, num_heads, head_dim]
+        out = attn.attend(self.layer, q, k, v)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """Gated MLP: down(act(gate(x)) * up(x)); with SiLU (the usual ``hidden_act``) this is SwiGLU."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -101,8 +97,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, backend)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: CacheAttention) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -132,7 +128,7 @@ class DecoderModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        backend: AttentionBackend,
+        attn: CacheAttention,
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> logits [num_tokens or len(logits_indices), vocab] (fp32).
@@ -142,7 +138,7 @@ class DecoderModel(nn.Module):
         """
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            x = layer(x, positions, backend)
+            x = layer(x, positions, attn)
         x = self.model.norm(x)
         if logits_indices is not None:
             x = x[logits_indices]

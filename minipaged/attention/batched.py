@@ -1,0 +1,172 @@
+"""Paged attention for a whole batch at once, in plain PyTorch: the engine's default on a CPU.
+
+:mod:`minipaged.attention.reference` loops over the sequences of a batch in Python, gathering
+each one's K/V on its own. Here the whole batch goes through the same few tensor operations,
+so the cost of a layer no longer grows with a Python loop over sequences:
+
+1. **one gather** through the block tables, ``k_cache[block_tables]`` ->
+   ``[num_seqs, max_blocks * block_size, num_kv_heads, head_dim]``: every sequence's context in
+   logical order, padded to the longest one;
+2. the packed queries laid out padded, ``[num_seqs, max_q_len, num_heads, head_dim]``;
+3. **one mask** says which key each query sees: query ``i`` of a sequence with ``q_len`` new
+   tokens and ``context_len`` cached ones sees keys ``j <= context_len - q_len + i`` (the
+   reference's rule; the padding beyond ``context_len`` is never visible to a real query);
+4. **one** ``F.scaled_dot_product_attention(..., enable_gqa=True)`` call (query head ``h``
+   reads KV head ``h // (num_heads // num_kv_heads)``), softmax in fp32;
+5. the padded output is packed back.
+
+Decode rows (``q_len == 1``) are kept apart from prefill rows: padded to a long prompt's
+``q_len`` they would cost that many times their work. So a mixed step is two calls — one over
+every decoding sequence, one over every prefilling one — never a loop over sequences.
+
+Which rows go where, and the masks, depend only on the step's lengths: :func:`plan_batch`
+computes them once per step, and every layer reuses the :class:`BatchPlan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minipaged.attention.reference import store_kvcache
+from minipaged.utils import cdiv
+
+__all__ = ["BatchPlan", "plan_batch", "store_kvcache", "paged_prefill_attention", "paged_decode_attention"]
+
+
+@dataclass
+class RowGroup:
+    """Sequences attended by one SDPA call.
+
+    seqs: long [g] (indices into the batch); rows: long [tokens] (packed query rows, in order);
+    flat: long [tokens] (where each row sits in the padded ``[g * max_q_len]`` layout);
+    mask: bool [g, 1, max_q_len, num_keys] (True = visible); num_blocks: table columns read.
+    """
+
+    seqs: torch.Tensor
+    rows: torch.Tensor
+    flat: torch.Tensor
+    mask: torch.Tensor
+    max_q_len: int
+    num_blocks: int
+
+
+@dataclass
+class BatchPlan:
+    """The decode group and the prefill group of one step (either may be None)."""
+
+    decode: RowGroup | None
+    prefill: RowGroup | None
+
+
+def _group(
+    seqs: list[int], q_lens: Sequence[int], context_lens: Sequence[int], starts: Sequence[int], block_size: int, device
+) -> RowGroup | None:
+    if not seqs:
+        return None
+    ql = torch.tensor([q_lens[s] for s in seqs], dtype=torch.long)
+    ctx = torch.tensor([context_lens[s] for s in seqs], dtype=torch.long)
+    first = torch.tensor([starts[s] for s in seqs], dtype=torch.long)
+    max_q = int(ql.max())
+    num_blocks = cdiv(int(ctx.max()), block_size)
+    g = torch.repeat_interleave(torch.arange(len(seqs)), ql)  # group member of each packed row
+    i = torch.arange(int(ql.sum())) - torch.repeat_interleave(torch.cumsum(ql, 0) - ql, ql)  # row within its seq
+    rows = first[g] + i
+    key = torch.arange(num_blocks * block_size)
+    last_visible = (ctx - ql)[:, None] + torch.arange(max_q)[None, :]  # [g, max_q]
+    mask = key[None, None, :] <= last_visible[:, :, None]
+    return RowGroup(
+        seqs=torch.tensor(seqs, dtype=torch.long, device=device),
+        rows=rows.to(device),
+        flat=(g * max_q + i).to(device),
+        mask=mask[:, None].to(device),
+        max_q_len=max_q,
+        num_blocks=num_blocks,
+    )
+
+
+def plan_batch(
+    q_lens: Sequence[int], context_lens: Sequence[int], block_size: int, device: torch.device | str = "cpu"
+) -> BatchPlan:
+    """Split a step's sequences into a decode group (``q_len == 1``) and a prefill group
+    (``q_len > 1``); sequences with no new token get no row. Host-side lengths, one call per step."""
+    starts = [0]
+    for n in q_lens[:-1]:
+        starts.append(starts[-1] + n)
+    decode = [s for s, n in enumerate(q_lens) if n == 1]
+    prefill = [s for s, n in enumerate(q_lens) if n > 1]
+    return BatchPlan(
+        decode=_group(decode, q_lens, context_lens, starts, block_size, device),
+        prefill=_group(prefill, q_lens, context_lens, starts, block_size, device),
+    )
+
+
+def _attend_group(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    grp: RowGroup,
+    scale: float | None,
+) -> None:
+    """Attention of one group's rows, written into ``out`` (packed like ``q``)."""
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    tables = block_tables[grp.seqs, : grp.num_blocks].long()  # [g, blocks]
+    # One gather for the whole group: [g, blocks, block_size, kv_heads, d] -> [g, kv_heads, keys, d]
+    k = k_cache[tables].flatten(1, 2).transpose(1, 2).float()
+    v = v_cache[tables].flatten(1, 2).transpose(1, 2).float()
+    g = grp.seqs.numel()
+    qp = q.new_zeros((g * grp.max_q_len, num_heads, head_dim), dtype=torch.float32)
+    qp[grp.flat] = q[grp.rows].float()
+    qp = qp.view(g, grp.max_q_len, num_heads, head_dim).transpose(1, 2)  # [g, heads, max_q, d]
+    o = F.scaled_dot_product_attention(qp, k, v, attn_mask=grp.mask, scale=scale, enable_gqa=num_heads != num_kv_heads)
+    out[grp.rows] = o.transpose(1, 2).reshape(-1, num_heads, head_dim)[grp.flat].to(out.dtype)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    plan: BatchPlan | None = None,
+) -> torch.Tensor:
+    """Packed new queries attend to their sequences' paged K/V (any mix of prefill and decode).
+
+    q: [total_new_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
+    num_kv_heads, head_dim]; block_tables: int32 [num_seqs, max_blocks]; cu_seqlens_q: int32
+    [num_seqs + 1]; context_lens: int32 [num_seqs]. Returns [total_new_tokens, num_heads,
+    head_dim] in q's dtype. ``plan`` (from :func:`plan_batch`) skips recomputing the layout.
+    """
+    if plan is None:
+        bounds = cu_seqlens_q.tolist()
+        q_lens = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        plan = plan_batch(q_lens, context_lens.tolist(), k_cache.shape[1], q.device)
+    out = torch.empty_like(q)
+    for grp in (plan.decode, plan.prefill):
+        if grp is not None:
+            _attend_group(out, q, k_cache, v_cache, block_tables, grp, scale)
+    return out
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    plan: BatchPlan | None = None,
+) -> torch.Tensor:
+    """One new query token per sequence: q: [num_seqs, num_heads, head_dim] -> same shape."""
+    cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    return paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, plan=plan)

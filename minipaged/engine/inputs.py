@@ -1,0 +1,89 @@
+"""Prompts in, checked: every problem is found before anything is queued.
+
+A prompt is a string (needs a tokenizer) or token ids: a list or tuple of ints, or a 1-D
+integer numpy array or torch tensor. ``generate`` takes one prompt or a list of them.
+Float ids (``256.7``) and bools are refused, not truncated.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence as Seq
+
+import numpy as np
+import torch
+
+from minipaged.engine.sampling_params import SamplingParams
+from minipaged.utils import cdiv
+
+Prompt = str | Seq[int] | np.ndarray | torch.Tensor
+
+
+def _is_token_ids(p: object) -> bool:
+    if isinstance(p, (np.ndarray, torch.Tensor)):
+        return p.ndim == 1
+    return isinstance(p, (list, tuple)) and len(p) > 0 and isinstance(p[0], numbers.Number)
+
+
+def as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
+    """One prompt or a list of them -> a list of prompts."""
+    if isinstance(prompts, str) or _is_token_ids(prompts):
+        return [prompts]
+    if isinstance(prompts, (np.ndarray, torch.Tensor)):
+        raise ValueError(f"a prompt array must be 1-D token ids, got shape {tuple(prompts.shape)}")
+    return list(prompts)
+
+
+def token_ids_of(prompt: object, index: int) -> list[int]:
+    """The ids of a token-id prompt, as Python ints; TypeError for anything that is not integer ids."""
+    if isinstance(prompt, (np.ndarray, torch.Tensor)):
+        is_int = prompt.dtype.kind in "iu" if isinstance(prompt, np.ndarray) else not (
+            prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool
+        )
+        if prompt.ndim != 1 or not is_int:
+            raise TypeError(f"prompt {index}: an array prompt must be 1-D integer token ids, got {prompt.dtype}")
+        return [int(t) for t in prompt.tolist()]
+    if not isinstance(prompt, (list, tuple)):
+        raise TypeError(f"prompt {index} must be a string or a list of token ids, got {type(prompt).__name__}")
+    for pos, t in enumerate(prompt):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"prompt {index}: token ids must be ints, got {t!r} at position {pos}")
+    return [int(t) for t in prompt]
+
+
+def check_request(
+    ids: list[int],
+    params: SamplingParams,
+    index: int,
+    vocab_size: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    pool_blocks: int | None,
+    block_size: int,
+) -> None:
+    """Refuse a request that could never run. ``pool_blocks`` is None for the contiguous layout."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"sampling params of prompt {index} must be a SamplingParams, got {type(params).__name__}")
+    if not ids:
+        raise ValueError(f"prompt {index} is empty")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt {index} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    if params.n > max_num_seqs:
+        raise ValueError(
+            f"prompt {index} asks for n={params.n} samples but max_num_seqs={max_num_seqs}: they could never "
+            f"run together; raise max_num_seqs or lower n"
+        )
+    total = len(ids) + params.max_tokens
+    if total > max_model_len:
+        raise ValueError(
+            f"prompt {index}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} = {total} "
+            f"exceeds max_model_len {max_model_len}"
+        )
+    # The last sampled token is never stored: a sequence holds at most total - 1 tokens of K/V.
+    need = cdiv(total - 1, block_size)
+    if pool_blocks is not None and need > pool_blocks:
+        raise ValueError(
+            f"prompt {index} needs {need} blocks of {block_size} tokens but the whole pool "
+            f"has {pool_blocks}: it could never run"
+        )
