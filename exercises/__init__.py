@@ -1,4 +1,6 @@
-"""Exercises of the notebooks: your scratch files (``stageN_*.py``) and reference ``solutions/``.
+"""The notebooks' exercises: your files ``stageN_*.py``, one per notebook.
 
-Check them with ``pytest tests/exercises -k stageN`` (see ``exercises/README.md``).
+Check them with ``python -m exercises stageN`` (every stage: ``python -m exercises``); see
+``exercises/README.md``. The checks live in ``tests/exercises/``, the reference solutions in
+``tests/exercises/solutions/``.
 """

@@ -1,4 +1,4 @@
-"""Stage 0 exercises (notebook 00_contiguous_baseline). Check: ``pytest tests/exercises -k stage0``.
+"""Stage 0 exercises (notebook 00_contiguous_baseline). Check: ``python -m exercises stage0``.
 
 Replace each ``raise NotImplementedError`` with your code. Keep the names and signatures: the
 tests import them from this file.

@@ -1,4 +1,4 @@
-"""Stage 1 exercises (notebook 01_block_allocator). Check: ``pytest tests/exercises -k stage1``.
+"""Stage 1 exercises (notebook 01_block_allocator). Check: ``python -m exercises stage1``.
 
 Replace each ``raise NotImplementedError`` with your code. Keep the names and signatures: the
 tests import them from this file.

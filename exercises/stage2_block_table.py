@@ -1,4 +1,4 @@
-"""Stage 2 exercises (notebook 02_block_table). Check: ``pytest tests/exercises -k stage2``.
+"""Stage 2 exercises (notebook 02_block_table). Check: ``python -m exercises stage2``.
 
 Replace each ``raise NotImplementedError`` with your code. Keep the names and signatures: the
 tests import them from this file.

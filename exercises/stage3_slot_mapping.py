@@ -1,4 +1,4 @@
-"""Stage 3 exercises (notebook 03_slot_mapping). Check: ``pytest tests/exercises -k stage3``.
+"""Stage 3 exercises (notebook 03_slot_mapping). Check: ``python -m exercises stage3``.
 
 Try them without looking at ``minipaged/kv/slot_mapping.py``. Replace each
 ``raise NotImplementedError`` with your code; keep the names and signatures.

@@ -1,8 +1,11 @@
-"""Stage 4 exercises (notebook 04_triton_kernel). Check: ``pytest tests/exercises -k stage4``.
+"""Stage 4 exercises (notebook 04_triton_kernel). Check: ``python -m exercises stage4``.
 
-Write them without looking at ``minipaged/kernels/paged_attention.py``. Replace each
-``raise NotImplementedError`` with your code; keep the names and signatures. No Triton needed:
-these are the kernel's ideas in plain torch and arithmetic.
+Write them without looking at ``minipaged/kernels/``. Replace each ``raise NotImplementedError``
+with your code; keep the names and signatures.
+
+The first is a real Triton kernel, the write of new K/V into the paged cache. The checks run it
+in Triton's interpreter on CPU tensors (no GPU needed; on CUDA tensors it runs compiled). The
+other three are the attention kernel's ideas in plain torch and arithmetic.
 """
 
 from __future__ import annotations
@@ -10,6 +13,63 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import triton
+import triton.language as tl
+
+from minipaged.kernels.interpreter import launch  # compiled on a GPU, interpreted for CPU tensors
+
+
+@triton.jit
+def store_kvcache_kernel(key, value, k_cache, v_cache, slot_mapping, key_stride, value_stride, D, D_PAD: tl.constexpr):
+    """Program ``t`` copies token ``t``'s new K and V into its slot of the paged cache.
+
+    :func:`store_kvcache` below launches one program per token (grid ``(num_tokens,)``); read it.
+
+    - key, value: token ``t``'s row starts at ``key + t * key_stride`` and holds
+      ``D = num_kv_heads * head_dim`` numbers (head 0's, then head 1's, ...);
+    - k_cache, v_cache: contiguous ``[num_blocks, block_size, num_kv_heads, head_dim]``, so the
+      row of slot ``s = block_id * block_size + offset`` starts at ``k_cache + s * D``;
+    - slot_mapping: int64 ``[num_tokens]``; -1 marks a padding token, which writes nothing;
+    - D_PAD: the power of two >= D (``tl.arange`` wants one).
+
+    To do: load this program's slot; if it is -1, return. Otherwise load the ``D`` numbers of
+    the key row and store them at the slot's row of ``k_cache``; the same for value. Mask the
+    lanes ``D .. D_PAD - 1``: unmasked, they would write into the next slot, or outside the cache
+    (the interpreter has no bounds checks: that corrupts memory).
+
+    Triton: ``tl.program_id(0)``, ``tl.arange(0, D_PAD)``, ``tl.load(ptr + offsets, mask=...)``,
+    ``tl.store(ptr + offsets, values, mask=...)``; ``if slot < 0: return`` works. In the
+    interpreter the kernel runs as Python, so ``print(slot)`` shows values.
+    """
+    raise NotImplementedError
+
+
+def store_kvcache(key, value, k_cache, v_cache, slot_mapping, *, kernel=store_kvcache_kernel) -> None:
+    """Your kernel at work (given, do not change): new K/V into the paged cache, in place; slot -1 writes nothing.
+
+    key, value: ``[num_tokens, num_kv_heads, head_dim]``, each token's heads contiguous (a slice of
+    a packed QKV projection is fine); k_cache, v_cache: contiguous ``[num_blocks, block_size,
+    num_kv_heads, head_dim]`` of key's dtype; slot_mapping: int64 ``[num_tokens]``. The contract
+    of ``minipaged.attention.reference.store_kvcache``, which the checks compare you with.
+    """
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if value.shape != key.shape or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != tuple(key.shape[1:]):
+        raise ValueError(f"shapes do not fit: key {tuple(key.shape)}, value {tuple(value.shape)}, "
+                         f"caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if {key.dtype, value.dtype} != {k_cache.dtype} or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"convert first, e.g. key.to(k_cache.dtype): got {key.dtype}, {value.dtype}, {k_cache.dtype}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the caches must be contiguous")
+    if any(t.stride(2) != 1 or (num_kv_heads > 1 and t.stride(1) != head_dim) for t in (key, value)):
+        raise ValueError("each token's heads must be contiguous: pass key.contiguous()")
+    if slot_mapping.dtype != torch.int64 or tuple(slot_mapping.shape) != (num_tokens,):
+        raise ValueError(f"slot_mapping must be int64 [{num_tokens}], got {slot_mapping.dtype} "
+                         f"{tuple(slot_mapping.shape)}")
+    if num_tokens == 0:
+        return
+    D = num_kv_heads * head_dim  # noqa: N806  (the kernel's name for it)
+    launch(kernel, (num_tokens,), key.device, key, value, k_cache, v_cache, slot_mapping, key.stride(0),
+           value.stride(0), D, D_PAD=triton.next_power_of_2(D))
 
 
 def online_softmax_update(

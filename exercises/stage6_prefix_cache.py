@@ -1,9 +1,9 @@
-"""Stage 6 exercises (notebook 06_prefix_caching). Check: ``pytest tests/exercises -k stage6``.
+"""Stage 6 exercises (notebook 06_prefix_caching). Check: ``python -m exercises stage6``.
 
 Write them without looking at ``minipaged/kv/prefix_cache.py`` (use its ``hash_block`` and
 ``ROOT_HASH``, imported below). Replace each ``raise NotImplementedError`` with your code; keep
-the names and signatures. The tests compare your answers with the package's ``chain_hashes``,
-``BlockPool`` and the engine's ``PagedKVManager``.
+the names and signatures. The checks compare your answers with the package's ``chain_hashes``
+and ``BlockPool``, and with what a prefix cache must reuse.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def reusable_prefix_tokens(token_ids: Sequence[int], block_size: int, cached: di
     (its logits are needed to sample, and a shared block is never written again): a 48-token
     prompt seen before, with blocks of 16, reuses 32 tokens. Returns a multiple of ``block_size``.
 
-    This is what ``PagedKVManager.match_prefix`` answers.
+    This is the engine's prefix match (``minipaged/engine/kv_manager.py``), which also checks that
+    each hit follows the block hit before it (see ``minipaged/kv/prefix_cache.py``).
     """
     raise NotImplementedError
 

@@ -74,11 +74,22 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--num-blocks", type=int, default=None)
     b = sub.add_parser("bench", help="print benchmark figures", add_help=False)
     b.add_argument("which", choices=BENCHES)
+    a = sub.add_parser("animate", help="animate a real engine run, step by step, as a GIF or an HTML page")
+    a.add_argument("which", choices=("prefix", "engine"))
+    a.add_argument("--out", required=True, help="the file to write: .gif, or .html (self-contained, plays offline)")
+    a.add_argument("--fps", type=float, default=1.5, help="frames (engine steps) per second")
+    a.add_argument("--max-frames", type=int, default=None, help="stop after this many frames")
     args, rest = p.parse_known_args(argv)
     if args.cmd == "demo":
         demo(args)
     elif args.cmd == "eval":
         evaluate(args)
+    elif args.cmd == "animate":
+        if rest:
+            p.error(f"unrecognized arguments: {' '.join(rest)}")
+        from minipaged.viz import animate
+
+        animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames)
     else:
         importlib.import_module(f"minipaged.bench.{args.which}").main(rest)
 

@@ -15,29 +15,24 @@ Tolerances: fp32 1e-4 (the kernel and the reference both compute in fp32); fp16 
 one or two units in the last place of the output dtype, plus what a GPU adds by feeding P to
 ``tl.dot`` in that dtype: fp16 atol 2e-3 / rtol 1e-2, bf16 atol 2e-2 / rtol 2e-2.
 
-On a CUDA machine the same tests run the compiled kernels on the GPU.
+On a CUDA machine the same tests run the compiled kernels on the GPU. What depends on import
+order, the environment or a fresh interpreter (and the ahead-of-time GPU compile) is in
+``tests/test_kernels_fresh_process.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import itertools
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 from minipaged import kernels
 from minipaged.attention import reference
-from minipaged.kv import slot_mapping as torch_store
 
 DEVICE = "cpu" if kernels.INTERPRET else "cuda"
-REPO = Path(__file__).resolve().parents[1]
 
 BLOCK_SIZES = (8, 16, 32)
 HEAD_DIMS = (64, 128)
@@ -238,7 +233,7 @@ def test_store_kvcache_matches_torch(num_kv_heads, head_dim, src_dtype, cache_dt
     k_ref, v_ref = torch.randn(shape, generator=gen).to(cache_dtype), torch.randn(shape, generator=gen).to(cache_dtype)
     k_cache, v_cache = k_ref.clone().to(DEVICE), v_ref.clone().to(DEVICE)
     kernels.store_kvcache(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE))
-    torch_store.store_kvcache(key, value, k_ref, v_ref, slots)
+    reference.store_kvcache(key, value, k_ref, v_ref, slots)
     assert torch.equal(k_cache.cpu(), k_ref) and torch.equal(v_cache.cpu(), v_ref)
 
 
@@ -265,84 +260,9 @@ def test_store_kvcache_rejects_bad_input():
             kernels.store_kvcache(key, key, k_cache, k_cache.clone(), torch.tensor([0, 8]))
 
 
-# --- import rules and GPU compilation, in fresh interpreters ---------------------------------------
-
-
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=environ, capture_output=True, text=True, timeout=300
-    )
-
-
-def test_torch_path_does_not_import_triton_and_kernels_pick_the_interpreter():
-    result = _python("""
-        import sys, torch
-        import minipaged, minipaged.attention.backend
-        assert "triton" not in sys.modules, "import minipaged must not import triton"
-        import minipaged.kernels as k
-        assert k.INTERPRET == (not torch.cuda.is_available()), k.INTERPRET
-        print("ok")
-    """)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
-
-
-AOT_SCRIPT = """
-    import importlib, inspect, sys
-    import torch
-    import triton
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        print("SKIP: this Triton has no ASTSource/GPUTarget:", e); sys.exit(0)
-    if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
-        print("SKIP: this Triton's ASTSource takes no constexprs="); sys.exit(0)
-    import minipaged.kernels as k
-    assert not k.INTERPRET
-    pa = importlib.import_module("minipaged.kernels.paged_attention")
-    sk = importlib.import_module("minipaged.kernels.store_kvcache")
-    TY = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-    target = GPUTarget("cuda", 90, 32)
-
-    def compile(fn, consts, ptrs, floats=()):
-        sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in fn.arg_names}
-        kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target)
-        assert ".entry" in kernel.asm["ptx"], "no PTX"
-        print(fn.__name__, {n: str(v) for n, v in consts.items()}, len(kernel.asm["ptx"]), "chars of PTX")
-
-    # (dtype, num_heads, num_kv_heads, head_dim, max_q_len, decode): the wrappers' own GPU tile choices
-    for dtype, h, kvh, d, q_len, decode in [
-        (torch.float16, 32, 8, 128, 1, True),
-        (torch.bfloat16, 8, 8, 64, 300, False),
-        (torch.float32, 5, 1, 80, 1, True),
-    ]:
-        ptrs = {n: "*" + TY[dtype] for n in ("Q", "K_cache", "V_cache", "Out")}
-        ptrs.update({n: "*i32" for n in ("block_tables", "context_lens", "cu_seqlens_q")})
-        compile(pa._paged_attention_kernel, pa.kernel_constexprs(dtype, h, kvh, d, q_len, decode), ptrs, ["scale_log2"])
-    ptrs = {"Key": "*fp32", "Value": "*fp32", "K_cache": "*bf16", "V_cache": "*bf16", "slot_mapping": "*i64"}
-    compile(sk._store_kvcache_kernel, sk.store_constexprs(100, 8, 128), ptrs)
-    print("compiled")
-"""
-
-
-def test_kernels_compile_for_a_gpu_ahead_of_time():
-    """Build PTX for sm_90 with the interpreter off: catches what only a GPU compile rejects
-    (tl.dot shapes, non-power-of-two ranges, type errors the interpreter lets through)."""
-    result = _python(AOT_SCRIPT, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    if result.stdout.startswith("SKIP"):
-        pytest.skip(result.stdout.strip())
-    assert result.returncode == 0 and "compiled" in result.stdout, result.stdout + result.stderr
-    assert result.stdout.count("chars of PTX") == 4
-
-
 def test_backend_uses_the_kernels():
-    from minipaged.attention.backend import get_ops
+    from minipaged.attention.backends import get_ops
 
     ops = get_ops("triton", DEVICE)
     assert ops.paged_decode_attention is kernels.paged_decode_attention
     assert ops.store_kvcache is kernels.store_kvcache
-    # the module keeps its name despite the same-named function on the package
-    assert importlib.import_module("minipaged.kernels.store_kvcache").store_kvcache is kernels.store_kvcache

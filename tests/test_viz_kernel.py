@@ -1,21 +1,16 @@
 """Stage 4 pictures (minipaged.viz.kernel): each render function returns a Figure with the
-artists its docstring promises for a small state, and saves to PNG and SVG."""
+artists its docstring promises for a small state, and saves to PNG and SVG. The numbers they
+draw come from minipaged.attention.tiled (tests/test_tiled.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import ConnectionPatch, Rectangle
 
-from minipaged.viz.kernel import (
-    draw_launch_grid,
-    draw_online_softmax,
-    draw_program_reads,
-    online_softmax_trace,
-    program_reads,
-)
+from minipaged.attention.tiled import online_softmax_trace
+from minipaged.viz.kernel import draw_launch_grid, draw_online_softmax, draw_program_reads
 from minipaged.viz.style import save_figure
 
 
@@ -50,19 +45,6 @@ def test_launch_grid_without_q_lens_has_no_idle_programs():
         draw_launch_grid(2, 1, 1, q_lens=[1])
 
 
-def test_program_reads_steps():
-    table, ctx, bs, bn = [6, 2, 9, 0, 4], 20, 4, 8
-    steps = program_reads(table, ctx, bs, bn)
-    assert [[phys for _, phys, _ in s] for s in steps] == [[6, 2], [9, 0], [4]]
-    assert sum(n for s in steps for *_, n in s) == ctx  # every position read exactly once
-    # a prefill query tile stops at its last query: kv_end 12 -> two steps, the last one reading one block
-    assert [[phys for _, phys, _ in s] for s in program_reads(table, ctx, bs, bn, kv_end=12)] == [[6, 2], [9]]
-    # block_n smaller than a block: one block is read over several steps
-    assert [[phys for _, phys, _ in s] for s in program_reads([3], 4, 4, 2)] == [[3], [3]]
-    with pytest.raises(ValueError):
-        program_reads([1], 5, 4, 8)  # 5 tokens need 2 blocks
-
-
 def test_draw_program_reads_artists(tmp_path):
     table, ctx, bs, bn, num_blocks = [6, 2, 9, 0, 4, 99], 18, 4, 8, 10  # entry 99 is past the context
     fig = draw_program_reads(table, ctx, bs, bn, num_blocks=num_blocks)
@@ -86,15 +68,6 @@ def test_draw_program_reads_kv_end_and_shared_block():
         draw_program_reads([0, 1], 8, 4, 4, num_blocks=1)
 
 
-def test_online_softmax_trace_equals_softmax():
-    scores = torch.randn(37, generator=torch.Generator().manual_seed(0)) * 3
-    tr = online_softmax_trace(scores.tolist(), 8)
-    assert len(tr["m"]) == len(tr["l"]) == 5
-    assert np.all(np.diff(tr["m"]) >= 0)  # the running max never decreases
-    assert tr["m"][-1] == pytest.approx(scores.max().item())
-    np.testing.assert_allclose(tr["p_online"], torch.softmax(scores.double(), 0).numpy(), rtol=0, atol=1e-12)
-
-
 def test_draw_online_softmax_artists(tmp_path):
     scores = np.linspace(-2, 3, 13) * np.cos(np.arange(13))
     fig = draw_online_softmax(scores, 4)
@@ -104,4 +77,6 @@ def test_draw_online_softmax_artists(tmp_path):
     assert len(ax2.patches) == 4  # one bar per tile of 4 (13 keys -> 4 tiles)
     assert len(ax3.patches) == 13
     assert "max |online - full|" in ax3.get_title()
+    heights = [p.get_height() for p in ax2.patches]  # the running sum after each tile, as traced
+    assert heights == pytest.approx(online_softmax_trace(scores, 4)["l"].tolist())
     _save_both(fig, tmp_path)

@@ -6,14 +6,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from minipaged import LLM, SamplingParams
-from minipaged.viz.prefix import (
-    as_state,
-    copies_between,
-    draw_cow_steps,
-    draw_savings,
-    draw_shared_pool,
-    sharing_summary,
-)
+from minipaged.viz.prefix import draw_cow_steps, draw_savings, draw_shared_pool
+from minipaged.viz.prefix_state import PrefixState, as_state, copies_between, sharing_summary
 from minipaged.viz.style import save_figure
 
 BLOCK = 4
@@ -92,6 +86,29 @@ def test_draw_shared_pool_from_plain_tuples_counts_sharing_from_tables(tmp_path)
     assert (s["blocks_in_use"], s["blocks_without_sharing"], s["shared_blocks"], s["tokens_shared"]) == (3, 4, [7], 16)
     with pytest.raises(ValueError):
         draw_shared_pool((tables, None, [1, 1], None))  # ref_cnt shorter than the block ids
+
+
+def test_prefix_state_counts_each_block_s_users_once():
+    st = PrefixState.from_tables({0: [7, 3], 1: [7, 9]}, {0: 24, 1: 26})
+    assert list(st.tables) == ["seq 0", "seq 1"] and st.keys == {"seq 0": 0, "seq 1": 1}
+    assert st.users == {7: 2, 3: 1, 9: 1}
+    assert st.ref_cnt == [0, 0, 0, 1, 0, 0, 0, 2, 0, 1]  # no ref_cnt given: counted from the tables
+    assert st.shared_blocks() == {7} and st.owner(9) == "seq 1" and st.owner(0) is None
+    assert st.fill("seq 0", 1, 16) == 0.5 and st.block_fill(16)[9] == 10 / 16
+    with_ref = PrefixState.from_tables({"A": [1]}, ref_cnt=[3, 2], labels=["a"])
+    assert with_ref.shared_blocks() == {0, 1} and with_ref.num_tokens == {"a": -1}  # -1: unknown, drawn full
+    with pytest.raises(ValueError, match="distinct"):
+        PrefixState.from_tables({0: [1], 1: [2]}, labels=["x", "x"])
+    assert as_state(st) is st
+
+
+def test_equal_token_counts_are_written_once(tmp_path):
+    tables = {"A": [7, 3], "B": [7, 9]}
+    fig = draw_shared_pool((tables, {"A": 24, "B": 24}), block_size=16)
+    notes = [t.get_text() for t in fig.axes[0].texts if "tokens" in t.get_text()]
+    assert notes == ["24 tokens each"]
+    fig = draw_shared_pool((tables, {"A": 24, "B": 20}), block_size=16)
+    assert [t.get_text() for t in fig.axes[0].texts if "tokens" in t.get_text()] == ["24 tokens", "20 tokens"]
 
 
 def test_long_tables_collapse_shared_runs_and_big_pools_are_cut():

@@ -1,39 +1,48 @@
-"""Benchmark: the engine on a paged KV cache vs the same engine on a contiguous one, same memory.
+"""Benchmark: is the engine fast *because* it is paged? Four figures from one run.
 
-``python -m minipaged bench engine [--requests 48] [--blocks 256] [--plot docs/figures/engine_kv_usage.png]``
+``python -m minipaged bench engine [--quick] [--plot FILE]``
 
-One seeded synthetic workload (long-tailed prompt and output lengths, token-id prompts, outputs
-of a fixed length each: ``ignore_eos``) runs through ``LLM`` twice with the same number of KV
-slots: paged (blocks of 16) and contiguous (a ``max_model_len`` reservation per sequence).
-Printed per engine: output tokens/s, peak concurrent sequences, and KV slots holding a live
-token vs slots allocated (time-averaged over steps). With transformers installed, the same model
-runs Hugging Face ``generate`` (batched, left-padded) on the same prompts for a baseline.
+- **(a) vs transformers**: 48 requests (prompts 16-200 tokens, outputs 8-128, greedy,
+  ``ignore_eos``) on a random 4-layer tiny Qwen3 (hidden 128, 8 query / 2 KV heads, head_dim
+  16, vocab 512) built here with transformers: minipaged's tokens/s over Hugging Face's batched,
+  left-padded ``generate`` (batches of 16 prompts of similar length), tokens compared.
+- **(b) paged vs contiguous, tight budget**: the same requests on 64 blocks x 16 slots with
+  ``max_model_len`` 512: a contiguous reservation is 512 slots, so only 2 sequences fit.
+- **(c) paged vs contiguous, embedded model**: 48 copy prompts (preambles of 40-400
+  characters, 20-200 output tokens) on 256 blocks x 16.
+- **(d) the step's time split** (schedule / prepare / forward / sample / other) at 32 running
+  decodes: how much of a step is spent outside the model.
+
+Every ratio is measured side by side in this one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from minipaged import LLM, SamplingParams
-from minipaged.model.loader import EMBEDDED_MODEL_DIR
-from minipaged.sim import synthetic_trace, token_ids_for
+from minipaged.bench.step_timer import StepTimer
+from minipaged.tiny import task
 
 
 @dataclass
 class EngineRun:
-    """What one engine did with the workload; series are per step."""
+    """What one engine did with a workload; series are per step."""
 
     name: str
     seconds: float = 0.0
     output_tokens: int = 0
+    tokens: list[list[int]] = field(default_factory=list)
     running: list[int] = field(default_factory=list)
-    held: list[int] = field(default_factory=list)
-    allocated: list[int] = field(default_factory=list)
+    stats: list[dict] = field(default_factory=list)  # kv_stats() after each step, when recorded
     preemptions: int = 0
 
     @property
@@ -43,113 +52,161 @@ class EngineRun:
     @property
     def utilization(self) -> float:
         """Slots holding a live token over slots allocated, summed over steps."""
-        return sum(self.held) / max(1, sum(self.allocated))
+        held = sum(d["tokens_held"] for d in self.stats)
+        return held / max(1, sum(d["slots_allocated"] for d in self.stats))
 
 
-def workload(num_requests: int, seed: int, max_model_len: int, vocab_size: int) -> list[tuple[list[int], int]]:
-    """(prompt token ids, output length) per request."""
-    trace = synthetic_trace(num_requests, seed, mean_prompt=200, mean_output=100, max_len=max_model_len, sigma=0.8)
-    return [(token_ids_for(r, vocab_size, seed), r.output_len) for r in trace]
+Request = tuple[list[int] | str, int]  # (prompt, output length)
 
 
-def run_engine(llm: LLM, name: str, requests: list[tuple[list[int], int]], progress: bool = True) -> EngineRun:
-    """Submit every request at once, step until done, record the pool every step."""
+def random_qwen3(folder: Path, seed: int = 0) -> Path:
+    """Save a random tiny Qwen3 (4 layers, hidden 128, 8/2 heads, head_dim 16, vocab 512) to ``folder``."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3Config(
+        vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, initializer_range=0.5,
+    )
+    model = transformers.Qwen3ForCausalLM(cfg)
+    with torch.no_grad():  # random norm weights: a model that repeats one token proves nothing
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand_like(p) + 0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+def token_workload(n: int, seed: int, vocab: int) -> list[Request]:
+    rng = random.Random(seed)
+    return [([rng.randrange(vocab) for _ in range(rng.randint(16, 200))], rng.randint(8, 128)) for _ in range(n)]
+
+
+def copy_workload(n: int, seed: int) -> list[Request]:
+    rng = random.Random(seed)
+    return [
+        (task.prompt_for(task.random_text(rng), task.random_preamble(rng, 40, 400)), rng.randint(20, 200))
+        for _ in range(n)
+    ]
+
+
+def run_engine(llm: LLM, name: str, requests: list[Request], record: bool = False) -> EngineRun:
+    """Submit every request at once and step until done; with ``record``, sample the pool every step."""
     run = EngineRun(name)
-    for prompt, out_len in requests:
-        llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
+    ids = [llm.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)) for p, n in requests]
     start = time.perf_counter()
-    with tqdm(total=len(requests), desc=name, disable=not progress, leave=False) as bar:
+    with tqdm(total=len(requests), desc=name, leave=False) as bar:
         while llm.has_unfinished_requests():
             snap = llm.step()
-            stats = llm.kv_stats()
+            if record:
+                run.stats.append(llm.kv_stats())
             run.running.append(len(snap.running))
-            run.held.append(stats["tokens_held"])
-            run.allocated.append(stats["slots_allocated"])
             bar.update(len(snap.finished))
     run.seconds = time.perf_counter() - start
     run.output_tokens = sum(n for _, n in requests)
+    run.tokens = [llm._output(i).outputs[0].token_ids for i in ids]
     run.preemptions = llm.kv_stats()["num_preemptions"]
     return run
 
 
-def run_transformers(model_dir, requests: list[tuple[list[int], int]], batch_size: int) -> EngineRun | None:
+def run_transformers(model_dir: Path, requests: list[Request], batch_size: int = 16) -> EngineRun:
     """Hugging Face ``generate``, batched and left-padded; every batch runs to its longest output."""
-    try:
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        return None
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    pad = model.config.pad_token_id or 0
     run = EngineRun("transformers")
-    start = time.perf_counter()
+    run.tokens = [[] for _ in requests]
     order = sorted(range(len(requests)), key=lambda i: len(requests[i][0]))  # similar lengths per batch
-    for b in range(0, len(order), batch_size):
-        batch = [requests[i] for i in order[b : b + batch_size]]
+    start = time.perf_counter()
+    for b in tqdm(range(0, len(order), batch_size), desc="transformers", leave=False):
+        idx = order[b : b + batch_size]
+        batch = [requests[i] for i in idx]
         width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(n for _, n in batch),
-                           do_sample=False, eos_token_id=None, pad_token_id=pad)
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(n for _, n in batch),
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+        for row, (i, (_, n)) in enumerate(zip(idx, batch)):
+            run.tokens[i] = out[row, width : width + n].tolist()
     run.seconds = time.perf_counter() - start
     run.output_tokens = sum(n for _, n in requests)
     return run
 
 
-def plot(runs: list[EngineRun], budget: int, path: str) -> None:
-    from minipaged.viz.style import new_figure, save_figure
-
-    fig, (ax1, ax2) = new_figure(12, 4.5, ncols=2)
+def table(runs: list[EngineRun]) -> None:
+    print(f"  {'engine':<14}{'tokens/s':>10}{'seconds':>9}{'peak seqs':>11}{'mean seqs':>11}"
+          f"{'held/allocated':>16}{'preemptions':>13}")
     for r in runs:
-        ax1.plot(r.held, label=f"{r.name}: tokens held")
-        ax1.plot(r.allocated, linestyle="--", label=f"{r.name}: slots allocated")
-        ax2.plot(r.running, label=r.name)
-    ax1.axhline(budget, color="black", linewidth=1)
-    ax1.set(xlabel="engine step", ylabel="KV slots", title=f"KV memory ({budget} slots)")
-    ax2.set(xlabel="engine step", ylabel="sequences", title="running sequences")
-    ax1.legend(fontsize=10)
-    ax2.legend()
+        peak = f"{max(r.running)}" if r.running else "-"
+        mean = f"{sum(r.running) / len(r.running):.1f}" if r.running else "-"
+        util = f"{100 * r.utilization:.1f}%" if r.stats else "-"
+        print(f"  {r.name:<14}{r.tokens_per_s:>10.1f}{r.seconds:>9.2f}{peak:>11}{mean:>11}{util:>16}"
+              f"{r.preemptions if r.running else '-':>13}")
+
+
+def paged_vs_contiguous(model, requests: list[Request], **kw) -> tuple[EngineRun, EngineRun]:
+    paged = run_engine(LLM(model, **kw), "paged", requests, record=True)
+    contiguous = run_engine(LLM(model, kv_layout="contiguous", **kw), "contiguous", requests, record=True)
+    table([paged, contiguous])
+    same = paged.tokens == contiguous.tokens
+    print(f"  paged / contiguous: {paged.tokens_per_s / contiguous.tokens_per_s:.2f}x tokens/s "
+          f"(contiguous time / paged time {contiguous.seconds / paged.seconds:.2f}x), "
+          f"{max(paged.running) / max(contiguous.running):.1f}x peak sequences; tokens identical: {same}")
+    return paged, contiguous
+
+
+def step_split(model, num_seqs: int, decode_steps: int) -> dict[str, float]:
+    """Share of step time per phase over ``decode_steps`` steps of ``num_seqs`` running decodes."""
+    llm = LLM(model, max_num_seqs=num_seqs, max_model_len=512, num_kvcache_blocks=num_seqs * 8)
+    rng = random.Random(0)
+    for _ in range(num_seqs):
+        prompt = [rng.randrange(llm.model.config.vocab_size) for _ in range(32)]
+        llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=decode_steps + 8, ignore_eos=True))
+    llm.step()  # the prefill of all of them
+    with StepTimer(llm) as timer:
+        for _ in range(decode_steps):
+            llm._run(llm.scheduler.schedule())
+    return timer.shares()
+
+
+def plot(paged: EngineRun, contiguous: EngineRun, budget: int, path: str) -> None:
+    from minipaged.viz.scheduler import draw_kv_usage
+    from minipaged.viz.style import save_figure
+
+    fig = draw_kv_usage(paged.stats, contiguous.stats, budget, running=(paged.running, contiguous.running))
     save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minipaged bench engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="a local Hugging Face folder (default: the embedded model)")
     p.add_argument("--requests", type=int, default=48)
-    p.add_argument("--blocks", type=int, default=256, help="KV blocks of 16 tokens (the memory budget)")
-    p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-transformers", action="store_true")
-    p.add_argument("--plot", default=None, help="save the KV-usage plot here (.png or .svg)")
+    p.add_argument("--quick", action="store_true", help="12 requests per workload: a smoke run, not the figures")
+    p.add_argument("--plot", default=None, help="save the KV-usage plot of (c) here (.png or .svg)")
     a = p.parse_args(argv)
-    common = dict(block_size=16, num_kvcache_blocks=a.blocks, max_model_len=a.max_model_len,
-                  max_num_seqs=a.max_num_seqs, attention_backend="auto")
-    paged = LLM(a.model, **common)
-    requests = workload(a.requests, a.seed, a.max_model_len, paged.model.config.vocab_size)
-    runs = [run_engine(paged, "paged", requests), run_engine(LLM(a.model, kv_cache="contiguous", **common),
-                                                              "contiguous", requests)]
-    if not a.no_transformers:
-        hf = run_transformers(a.model or EMBEDDED_MODEL_DIR, requests, batch_size=16)
-        if hf is not None:
-            runs.append(hf)
-    prompt_tokens = sum(len(q) for q, _ in requests)
-    print(f"workload: {len(requests)} requests (seed {a.seed}), {prompt_tokens} prompt tokens, "
-          f"{runs[0].output_tokens} output tokens; KV budget {a.blocks * 16} slots "
-          f"({a.blocks} blocks x 16), max_model_len {a.max_model_len}, device {paged.model.device}")
-    print(f"{'engine':<13}{'tokens/s':>10}{'seconds':>9}{'peak seqs':>11}{'mean seqs':>11}"
-          f"{'held/allocated':>16}{'preemptions':>13}")
-    for r in runs:
-        peak = max(r.running) if r.running else float("nan")
-        mean = sum(r.running) / len(r.running) if r.running else float("nan")
-        util = f"{100 * r.utilization:.1f}%" if r.allocated else "n/a"
-        print(f"{r.name:<13}{r.tokens_per_s:>10.1f}{r.seconds:>9.1f}{peak:>11}{mean:>11.1f}{util:>16}"
-              f"{r.preemptions:>13}")
-    p_run, c_run = runs[0], runs[1]
-    print(f"paged vs contiguous: {max(p_run.running) / max(c_run.running):.1f}x peak concurrency, "
-          f"{p_run.tokens_per_s / c_run.tokens_per_s:.2f}x tokens/s, "
-          f"{100 * (1 - p_run.utilization):.1f}% vs {100 * (1 - c_run.utilization):.1f}% of allocated slots unused")
+    n = 12 if a.quick else a.requests
+    with tempfile.TemporaryDirectory() as tmp:
+        qwen = random_qwen3(Path(tmp))
+        requests = token_workload(n, a.seed, vocab=512)
+        print(f"(a) {n} requests, {sum(len(q) for q, _ in requests)} prompt / {sum(m for _, m in requests)} output "
+              f"tokens, random 4-layer tiny Qwen3, {torch.get_num_threads()} CPU threads")
+        ours = run_engine(LLM(qwen, max_num_seqs=64, max_model_len=512), "minipaged", requests)
+        hf = run_transformers(qwen, requests)
+        table([ours, hf])
+        same = sum(x == y for x, y in zip(ours.tokens, hf.tokens))
+        print(f"  minipaged / transformers: {ours.tokens_per_s / hf.tokens_per_s:.2f}x tokens/s; "
+              f"{same}/{len(requests)} requests with identical tokens")
+        print("(b) the same requests, 64 blocks x 16 slots, max_model_len 512")
+        paged_vs_contiguous(qwen, requests, num_kvcache_blocks=64, max_model_len=512, max_num_seqs=64)
+        split = step_split(qwen, num_seqs=32, decode_steps=8 if a.quick else 40)
+    copies = copy_workload(n, a.seed)
+    print(f"(c) {n} copy prompts (preambles 40-400 characters, 20-200 output tokens), embedded model, 256 blocks x 16")
+    paged, contiguous = paged_vs_contiguous(None, copies, num_kvcache_blocks=256, max_num_seqs=64)
+    print("(d) one step at 32 running decodes, share of time: "
+          + ", ".join(f"{k} {100 * v:.1f}%" for k, v in split.items())
+          + f"; outside the model forward {100 * (1 - split['forward']):.1f}%")
     if a.plot:
-        plot(runs[:2], a.blocks * 16, a.plot)
+        plot(paged, contiguous, 256 * 16, a.plot)
         print(f"plot saved to {a.plot}")

@@ -46,7 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minipaged.kernels import INTERPRET
+from minipaged.kernels._checks import check_decode, check_prefill
+from minipaged.kernels.interpreter import INTERPRET, interpreting, launch
 
 LOG2E = 1.4426950408889634
 
@@ -152,70 +153,7 @@ def _paged_attention_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Host side: validation, tile sizes, launch.
-
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _check_common(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-) -> tuple[int, int, int]:
-    if q.dim() != 3:
-        raise ValueError(f"q must be [tokens, num_heads, head_dim], got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads, cache_head_dim = k_cache.shape[2:]
-    if cache_head_dim != head_dim:
-        raise ValueError(f"q has head_dim {head_dim}, the cache {cache_head_dim}")
-    if num_kv_heads == 0 or num_heads % num_kv_heads:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if q.dtype not in _FLOATS or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(
-            f"q, k_cache and v_cache must share one of {_FLOATS}, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
-        )
-    if block_tables.dtype != torch.int32 or block_tables.dim() != 2:
-        raise ValueError(
-            f"block_tables must be int32 [num_seqs, max_blocks], got {block_tables.dtype} {tuple(block_tables.shape)}"
-        )
-    num_seqs = block_tables.shape[0]
-    if context_lens.dtype != torch.int32 or tuple(context_lens.shape) != (num_seqs,):
-        raise ValueError(
-            f"context_lens must be int32 [num_seqs={num_seqs}], got {context_lens.dtype} {tuple(context_lens.shape)}"
-        )
-    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": block_tables}
-    for name, t in tensors.items():
-        if t.device != context_lens.device:
-            raise ValueError(f"{name} is on {t.device}, context_lens on {context_lens.device}: use one device")
-    if q.device.type == "cpu" and not INTERPRET:
-        raise RuntimeError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing")
-    return num_heads, num_kv_heads, head_dim
-
-
-def _check_values(
-    k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, q_lens: torch.Tensor
-) -> None:
-    """Checks that read tensor values (a host sync): run off CUDA only, where a bad block id or
-    length would make the interpreter read or write outside the cache."""
-    num_blocks, block_size = k_cache.shape[:2]
-    ctx = context_lens.long()
-    if bool((ctx < q_lens).any()):
-        i = int(torch.nonzero(ctx < q_lens)[0])
-        raise ValueError(f"sequence {i}: context_len {int(ctx[i])} < its {int(q_lens[i])} new query tokens")
-    capacity = block_tables.shape[1] * block_size
-    if bool((ctx > capacity).any()):
-        raise ValueError(f"a context_len ({int(ctx.max())}) exceeds the block table capacity ({capacity} tokens)")
-    used = torch.arange(block_tables.shape[1], device=ctx.device)[None, :] < (-(-ctx // block_size))[:, None]
-    ids = block_tables[used]
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        raise ValueError(f"block_tables holds ids outside [0, {num_blocks}) in the blocks a sequence reads")
+# Host side: tile sizes, launch, the two wrappers (their argument checks: kernels/_checks.py).
 
 
 def kernel_constexprs(
@@ -227,13 +165,15 @@ def kernel_constexprs(
     decode: bool,
     block_m: int | None = None,
     block_n: int | None = None,
+    *,
+    interpret: bool = INTERPRET,
 ) -> dict:
-    """The compile-time parameters (tile sizes, numerics) a launch uses; also what an
-    ahead-of-time compile of :func:`_paged_attention_kernel` needs."""
+    """The compile-time parameters (tile sizes, numerics) of a launch, compiled or (``interpret``)
+    in Triton's interpreter; also what an ahead-of-time compile of :func:`_paged_attention_kernel` needs."""
     # The interpreter pays per program and per loop step, not per element: it takes big tiles.
     if block_n is None:  # fp32 tiles take twice the registers and shared memory of 16-bit ones on a GPU
-        block_n = 256 if INTERPRET else (32 if dtype == torch.float32 else 64)
-    block_m = (128 if INTERPRET else 64) if block_m is None else block_m
+        block_n = 256 if interpret else (32 if dtype == torch.float32 else 64)
+    block_m = (128 if interpret else 64) if block_m is None else block_m
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         if value < 16 or value & (value - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {value}")
@@ -244,7 +184,7 @@ def kernel_constexprs(
         group_pad = triton.next_power_of_2(group)
         block_q = max(1, min(block_m // group_pad, triton.next_power_of_2(max(max_q_len, 1))))
         group_pad = max(group_pad, 16 // block_q)
-    if INTERPRET or dtype == torch.float32:
+    if interpret or dtype == torch.float32:
         compute_dtype, precision = tl.float32, "ieee"
     else:
         compute_dtype, precision = (tl.float16 if dtype == torch.float16 else tl.bfloat16), "tf32"
@@ -258,7 +198,7 @@ def kernel_constexprs(
         DECODE=decode,
         COMPUTE_DTYPE=compute_dtype,
         DOT_PRECISION=precision,
-        RTNE_BF16=INTERPRET and dtype == torch.bfloat16,
+        RTNE_BF16=interpret and dtype == torch.bfloat16,
     )
 
 
@@ -271,15 +211,24 @@ def _launch(
     cu_seqlens_q: torch.Tensor,
     scale: float | None,
     max_q_len: int,
-    consts: dict,
+    decode: bool,
+    block_m: int | None = None,
+    block_n: int | None = None,
 ) -> torch.Tensor:
+    (num_heads, head_dim), num_seqs, num_kv_heads = q.shape[1:], block_tables.shape[0], k_cache.shape[2]
+    interpret = interpreting(q.device)
+    consts = kernel_constexprs(
+        q.dtype, num_heads, num_kv_heads, head_dim, max_q_len, decode, block_m, block_n, interpret=interpret
+    )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    num_seqs, num_kv_heads = block_tables.shape[0], k_cache.shape[2]
     if q.shape[0] == 0 or num_seqs == 0 or max_q_len == 0:
         return out
-    scale = consts["HEAD_DIM"] ** -0.5 if scale is None else float(scale)
+    scale = head_dim**-0.5 if scale is None else float(scale)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_q_len, consts["BLOCK_Q"]))
-    _paged_attention_kernel[grid](
+    launch(
+        _paged_attention_kernel,
+        grid,
+        q.device,
         q,
         k_cache,
         v_cache,
@@ -315,14 +264,9 @@ def paged_decode_attention(
     [num_seqs, max_blocks]; context_lens: int32 [num_seqs] (>= 1, the new token included).
     ``block_n`` (keyword, power of two >= 16) sets the KV positions per loop step.
     """
-    num_heads, num_kv_heads, head_dim = _check_common(q, k_cache, v_cache, block_tables, context_lens)
-    if q.shape[0] != block_tables.shape[0]:
-        raise ValueError(f"decode takes one query per sequence: q has {q.shape[0]} rows, {block_tables.shape[0]} seqs")
-    if q.device.type != "cuda":
-        _check_values(k_cache, block_tables, context_lens, torch.ones_like(context_lens, dtype=torch.long))
-    consts = kernel_constexprs(q.dtype, num_heads, num_kv_heads, head_dim, 1, decode=True, block_n=block_n)
+    check_decode(q, k_cache, v_cache, block_tables, context_lens)
     # context_lens stands in for the unused cu_seqlens_q pointer
-    return _launch(q, k_cache, v_cache, block_tables, context_lens, context_lens, scale, 1, consts)
+    return _launch(q, k_cache, v_cache, block_tables, context_lens, context_lens, scale, 1, True, block_n=block_n)
 
 
 def paged_prefill_attention(
@@ -347,22 +291,8 @@ def paged_prefill_attention(
     ``block_m`` (query rows per program, tokens x group heads) and ``block_n`` (KV positions per
     loop step), both powers of two >= 16.
     """
-    num_heads, num_kv_heads, head_dim = _check_common(q, k_cache, v_cache, block_tables, context_lens)
-    num_seqs = block_tables.shape[0]
-    if cu_seqlens_q.dtype != torch.int32 or tuple(cu_seqlens_q.shape) != (num_seqs + 1,):
-        raise ValueError(
-            f"cu_seqlens_q must be int32 [num_seqs + 1 = {num_seqs + 1}], "
-            f"got {cu_seqlens_q.dtype} {tuple(cu_seqlens_q.shape)}"
-        )
-    if cu_seqlens_q.device != q.device:
-        raise ValueError(f"cu_seqlens_q is on {cu_seqlens_q.device}, q on {q.device}")
-    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
-    if q.device.type != "cuda":
-        bounds = cu_seqlens_q.tolist()
-        if bounds[0] != 0 or bounds[-1] != q.shape[0] or bounds != sorted(bounds):
-            raise ValueError(f"cu_seqlens_q must rise from 0 to q.shape[0] = {q.shape[0]}, got {bounds}")
-        _check_values(k_cache, block_tables, context_lens, q_lens)
+    check_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     if max_q_len is None:
-        max_q_len = int(q_lens.max()) if num_seqs else 0
-    consts = kernel_constexprs(q.dtype, num_heads, num_kv_heads, head_dim, max_q_len, False, block_m, block_n)
-    return _launch(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, max_q_len, consts)
+        max_q_len = int(cu_seqlens_q.diff().max()) if block_tables.shape[0] else 0
+    args = (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, max_q_len, False, block_m, block_n)
+    return _launch(*args)

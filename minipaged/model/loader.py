@@ -19,32 +19,50 @@ def load_model(
 ) -> tuple[DecoderModel, Tokenizer | None]:
     """Build the decoder and load its weights; ``path=None`` is the embedded tiny model.
 
-    Shards (``model-00001-of-00002.safetensors`` ...) are all read. Errors name the problem: a
-    missing folder or file, an unsupported ``model_type``, a missing, unexpected or mis-shaped tensor.
+    Shards (``model-00001-of-00002.safetensors`` ...) are all read. ``model.config.eos_token_ids``
+    holds every stop id of ``config.json`` and ``generation_config.json``. Errors name the problem:
+    a missing folder or file, an unsupported ``model_type`` or config field (see docs/models.md),
+    a missing, unexpected or mis-shaped tensor.
     """
     folder = Path(path) if path is not None else EMBEDDED_MODEL_DIR
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{str(folder)!r} has no config.json")
-    cfg = ModelConfig.from_json(folder / "config.json")
+    cfg = ModelConfig.from_folder(folder)
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{str(folder)!r} has no *.safetensors weights")
 
+    # Built on the meta device: no memory is spent on weights that the checkpoint replaces.
     with torch.device("meta"):
         model = DecoderModel(cfg)
-    expected = {name: p.shape for name, p in model.named_parameters()}  # tied weights appear once
+    tensors = _read_shards(shards)
+    if cfg.tie_word_embeddings:  # one matrix serves both; a saved lm_head copy is not used (nor by transformers)
+        tensors["lm_head.weight"] = tensors.get("model.embed_tokens.weight", tensors.get("lm_head.weight"))
+    _check_tensors(model, tensors, folder)
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True, assign=True)
+    if cfg.tie_word_embeddings:  # assign=True gave the two names two Parameters: tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model = model.to(device).eval()
+    return model, load_tokenizer(folder, cfg.eos_token_id)
+
+
+def _read_shards(shards: list[Path]) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for shard in shards:
         with safe_open(str(shard), framework="pt") as f:
             for name in f.keys():
                 if name.endswith("rotary_emb.inv_freq"):
-                    continue  # a buffer some exporters save; RoPE is recomputed here
+                    continue  # a buffer some exporters save; RoPE is computed from the config here
                 tensors[name] = f.get_tensor(name)
-    if cfg.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
-    missing = sorted(set(expected) - set(tensors))
+    return tensors
+
+
+def _check_tensors(model: DecoderModel, tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    """The one check before strict loading, with messages that say which tensors are wrong."""
+    expected = {name: t.shape for name, t in model.state_dict().items()}
+    missing = sorted(name for name in expected if tensors.get(name) is None)
     unexpected = sorted(set(tensors) - set(expected))
     if missing:
         raise ValueError(f"checkpoint {str(folder)!r} lacks {len(missing)} tensors, e.g. {missing[:3]}")
@@ -53,12 +71,3 @@ def load_model(
     for name, shape in expected.items():
         if tensors[name].shape != shape:
             raise ValueError(f"tensor {name} has shape {tuple(tensors[name].shape)}, the config implies {tuple(shape)}")
-    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    # RoPE buffers were created on the meta device; rebuild them for real.
-    for layer in model.model.layers:
-        rot = layer.self_attn.rotary
-        rot.inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
-    model = model.to(device).eval()
-    return model, load_tokenizer(folder, cfg.eos_token_id)

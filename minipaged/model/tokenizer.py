@@ -11,7 +11,7 @@ from typing import Protocol
 class Tokenizer(Protocol):
     eos_token_id: int | None
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -34,7 +34,8 @@ class ByteTokenizer:
         cfg = json.loads(Path(path).read_text())
         return cls(cfg["special_tokens"], cfg["eos_token"])
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The embedded model has no BOS: ``add_special_tokens`` adds nothing (it is here for the protocol)."""
         ids: list[int] = []
         for piece in self._split.split(text):
             if piece in self.special_ids:
@@ -58,16 +59,24 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A ``tokenizer.json`` read with the ``tokenizers`` package (no transformers needed)."""
+    """A ``tokenizer.json`` read with the ``tokenizers`` package (no transformers needed).
+
+    ``encode`` adds special tokens the way the file's post-processor says (a BOS for Llama), as
+    transformers and vLLM do by default: a model trained with a BOS expects one.
+    """
 
     def __init__(self, path: str | Path, eos_token_id: int | None) -> None:
-        from tokenizers import Tokenizer as _Tokenizer
-
+        try:
+            from tokenizers import Tokenizer as _Tokenizer
+        except ImportError as e:
+            raise ImportError(
+                f"reading {str(path)!r} needs the 'tokenizers' package (a minipaged dependency): pip install tokenizers"
+            ) from e
         self._tok = _Tokenizer.from_file(str(path))
         self.eos_token_id = eos_token_id
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -79,8 +88,5 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None) -> Tokenizer | 
     if (folder / "byte_tokenizer.json").exists():
         return ByteTokenizer.from_file(folder / "byte_tokenizer.json")
     if (folder / "tokenizer.json").exists():
-        try:
-            return HFTokenizer(folder / "tokenizer.json", eos_token_id)
-        except ImportError:
-            return None
+        return HFTokenizer(folder / "tokenizer.json", eos_token_id)
     return None

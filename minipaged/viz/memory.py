@@ -1,70 +1,61 @@
 """Pictures of contiguous KV memory (stage 0) and of its waste, next to paged memory (stages 1-2).
 
 Every function takes plain state and returns a ``matplotlib.figure.Figure``; none of them shows
-it. Patches carry a ``gid`` (``"used"``, ``"empty"``, ``"hole"``) so tests can count them.
+it. :func:`draw_memory_map` draws a :class:`MemoryMap` (build one from an arena or a cache with
+:meth:`MemoryMap.from_arena` / :meth:`MemoryMap.from_cache`). Patches carry a ``gid``
+(``"used"``, ``"empty"``, ``"hole"``) so tests can count them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from minipaged.viz.style import FONT_SIZE, FREE, PALETTE, WASTE, new_figure, owner_color
-
-# One colour and one line style per memory system, the same in every figure.
-SYSTEM_STYLE = {
-    "contiguous": {"color": PALETTE[5], "linestyle": "-"},
-    "paged": {"color": PALETTE[0], "linestyle": "--"},
-}
-EMPTY_HATCH = "///"
+from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
+from minipaged.viz.palette import EMPTY_HATCH, FREE, WASTE, owner_inks, series_color
+from minipaged.viz.style import FONT_SIZE, SMALL, new_figure
 
 
-def owner_colors(owners: Sequence[Hashable]) -> dict[Hashable, str]:
-    """A colour per owner: an int owner keeps its own colour across figures, others go by order."""
-    colors, next_index = {}, 0
-    for owner in owners:
-        if owner in colors:
-            continue
-        if isinstance(owner, int) and not isinstance(owner, bool):
-            colors[owner] = owner_color(owner)
-        else:
-            colors[owner] = owner_color(next_index)
-            next_index += 1
-    return colors
+@dataclass
+class MemoryMap:
+    """Stage 0's slot address space: ``reservations`` maps an owner to ``(start, size)``, in
+    address order; the first ``used[owner]`` slots of a reservation hold tokens."""
 
+    num_slots: int
+    reservations: dict[Hashable, tuple[int, int]]
+    used: dict[Hashable, int]
 
-def _reservations_of(arena_or_reservations, num_slots: int | None, used: Mapping | None):
-    """(num_slots, {owner: (start, size)}, {owner: used}) from an arena, a cache or plain data."""
-    source = arena_or_reservations
-    if hasattr(source, "arena") and hasattr(source, "num_tokens"):  # a ContiguousKVCache
-        used = dict(source.num_tokens) if used is None else used
-        source = source.arena
-    if hasattr(source, "reservations") and hasattr(source, "num_slots"):  # a FirstFitArena
-        num_slots = source.num_slots if num_slots is None else num_slots
-        reservations = source.reservations()
-    else:
-        reservations = dict(source)
-        if num_slots is None:
-            num_slots = max((start + size for start, size in reservations.values()), default=0)
-    used = {} if used is None else dict(used)
-    return num_slots, dict(sorted(reservations.items(), key=lambda kv: kv[1][0])), used
+    @classmethod
+    def from_arena(cls, arena: FirstFitArena, used: Mapping[Hashable, int] | None = None) -> MemoryMap:
+        return cls(arena.num_slots, arena.reservations(), dict(used or {}))
 
+    @classmethod
+    def from_cache(cls, cache: ContiguousKVCache) -> MemoryMap:
+        """A contiguous KV cache's arena, its ``num_tokens`` as the slots used."""
+        return cls.from_arena(cache.arena, cache.num_tokens)
 
-def _holes(reservations: Mapping[Hashable, tuple[int, int]], num_slots: int) -> list[tuple[int, int]]:
-    holes, cursor = [], 0
-    for start, size in sorted(reservations.values()):
-        if start > cursor:
-            holes.append((cursor, start - cursor))
-        cursor = max(cursor, start + size)
-    if cursor < num_slots:
-        holes.append((cursor, num_slots - cursor))
-    return holes
+    def tokens(self, owner: Hashable) -> int:
+        """Slots of ``owner``'s reservation that hold tokens."""
+        return max(0, min(int(self.used.get(owner, 0)), self.reservations[owner][1]))
+
+    def holes(self) -> list[tuple[int, int]]:
+        """(start, size) of every free range, in address order."""
+        holes, cursor = [], 0
+        for start, size in sorted(self.reservations.values()):
+            if start > cursor:
+                holes.append((cursor, start - cursor))
+            cursor = max(cursor, start + size)
+        if cursor < self.num_slots:
+            holes.append((cursor, self.num_slots - cursor))
+        return holes
 
 
 def draw_memory_map(
-    arena_or_reservations,
+    memory: MemoryMap | FirstFitArena | ContiguousKVCache,
     num_slots: int | None = None,
     used: Mapping[Hashable, int] | None = None,
     title: str | None = None,
@@ -73,48 +64,50 @@ def draw_memory_map(
 ) -> Figure:
     """The slot address space as one bar: each reservation in its owner's colour, holes in grey.
 
-    ``arena_or_reservations`` is a :class:`~minipaged.kv.contiguous.FirstFitArena`, a
-    :class:`~minipaged.kv.contiguous.ContiguousKVCache` (its ``num_tokens`` give ``used``) or a
-    plain ``{owner: (start, size)}`` (then pass ``num_slots``). A reservation's first ``used[owner]``
-    slots hold tokens (solid); the rest is reserved but empty (hatched: internal waste). Holes
-    between reservations are free (light grey); when many small holes add up to more than the
-    largest one, that is external fragmentation. Owners are written on reservations wide enough
-    (``label_min_frac`` of the bar).
+    ``memory``: a :class:`MemoryMap`; an arena (with ``used``) or a contiguous cache is turned into
+    one by :meth:`MemoryMap.from_arena` / :meth:`MemoryMap.from_cache`. ``num_slots`` overrides the
+    length of the bar. A reservation's first ``used[owner]`` slots hold tokens (solid); the rest is
+    reserved but empty (hatched: internal waste). Holes between reservations are free (light
+    grey); when many small holes add up to more than the largest one, that is external
+    fragmentation. Owners are written on reservations wide enough (``label_min_frac`` of the bar).
     """
-    num_slots, reservations, used = _reservations_of(arena_or_reservations, num_slots, used)
-    if num_slots < 1:
-        raise ValueError("nothing to draw: give num_slots for an empty reservation map")
-    fig, ax = new_figure(width, 2.6)
-    colors = owner_colors(list(reservations))
-    for owner, (start, size) in reservations.items():
-        n_used = max(0, min(int(used.get(owner, 0)), size))
-        color = colors[owner]
+    if isinstance(memory, ContiguousKVCache):
+        memory = MemoryMap.from_cache(memory)
+    elif isinstance(memory, FirstFitArena):
+        memory = MemoryMap.from_arena(memory, used)
+    total = memory.num_slots if num_slots is None else num_slots
+    if total < 1:
+        raise ValueError("nothing to draw: the map has no slots")
+    fig, ax = new_figure(width, 2.8)
+    inks = owner_inks(memory.reservations)
+    for owner, (start, size) in memory.reservations.items():
+        n_used, ink = memory.tokens(owner), inks[owner]
         if n_used:
-            ax.add_patch(Rectangle((start, 0), n_used, 1, facecolor=color, edgecolor="black", lw=0.8, gid="used"))
+            ax.add_patch(Rectangle((start, 0), n_used, 1, facecolor=ink.color, hatch=ink.hatch, edgecolor="black",
+                                   lw=0.8, gid="used"))
         if size > n_used:
-            ax.add_patch(Rectangle((start + n_used, 0), size - n_used, 1, facecolor="white", edgecolor=color,
+            ax.add_patch(Rectangle((start + n_used, 0), size - n_used, 1, facecolor="white", edgecolor=ink.color,
                                    hatch=EMPTY_HATCH, lw=0.8, gid="empty"))
         ax.add_patch(Rectangle((start, 0), size, 1, fill=False, edgecolor="black", lw=1.5))
-        if size >= label_min_frac * num_slots:
+        if size >= label_min_frac * total:
             ax.text(start + size / 2, 1.12, str(owner), ha="center", va="bottom", fontsize=FONT_SIZE - 2)
-    holes = _holes(reservations, num_slots)
+    holes = memory.holes()
     for start, size in holes:
         ax.add_patch(Rectangle((start, 0), size, 1, facecolor=FREE, edgecolor=WASTE, lw=0.8, gid="hole"))
-    ax.set_xlim(0, num_slots)
+    ax.set_xlim(0, total)
     ax.set_ylim(0, 1.6)
     ax.set_yticks([])
     ax.spines["left"].set_visible(False)
     ax.set_xlabel("slot address")
-    reserved = sum(size for _, size in reservations.values())
-    n_used = sum(max(0, min(int(used.get(o, 0)), s)) for o, (_, s) in reservations.items())
-    free = num_slots - reserved
+    reserved = sum(size for _, size in memory.reservations.values())
+    n_used = sum(memory.tokens(o) for o in memory.reservations)
     largest = max((size for _, size in holes), default=0)
-    summary = (f"{len(reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
-               f"{free} free in {len(holes)} holes (largest {largest})")
+    summary = (f"{len(memory.reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
+               f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {largest})")
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
     ax.legend(handles=[
-        Patch(facecolor=PALETTE[0], edgecolor="black", label="holds tokens"),
-        Patch(facecolor="white", edgecolor=PALETTE[0], hatch=EMPTY_HATCH, label="reserved, empty"),
+        Patch(facecolor="#777777", edgecolor="black", label="holds tokens (owner's colour)"),
+        Patch(facecolor="white", edgecolor="#777777", hatch=EMPTY_HATCH, label="reserved, empty"),
         Patch(facecolor=FREE, edgecolor=WASTE, label="free hole"),
     ], loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=3, frameon=False)
     return fig
@@ -136,14 +129,14 @@ def draw_waste(
     if not owners:
         raise ValueError("nothing to draw: no owners")
     fig, ax = new_figure(10, 0.55 * len(owners) + 1.8)
-    colors = owner_colors(owners)
+    inks = owner_inks(owners)
     for row, owner in enumerate(owners):
         size, n_used = int(reserved[owner]), max(0, min(int(used.get(owner, 0)), int(reserved[owner])))
-        y = len(owners) - 1 - row
-        ax.add_patch(Rectangle((0, y - 0.35), n_used, 0.7, facecolor=colors[owner], edgecolor="black", lw=0.8,
-                               gid="used"))
+        y, ink = len(owners) - 1 - row, inks[owner]
+        ax.add_patch(Rectangle((0, y - 0.35), n_used, 0.7, facecolor=ink.color, hatch=ink.hatch, edgecolor="black",
+                               lw=0.8, gid="used"))
         if size > n_used:
-            ax.add_patch(Rectangle((n_used, y - 0.35), size - n_used, 0.7, facecolor="white", edgecolor=colors[owner],
+            ax.add_patch(Rectangle((n_used, y - 0.35), size - n_used, 0.7, facecolor="white", edgecolor=ink.color,
                                    hatch=EMPTY_HATCH, lw=0.8, gid="empty"))
         pct = 0.0 if size == 0 else 100 * (1 - n_used / size)
         ax.text(size, y, f" {pct:.0f}% empty", va="center", fontsize=FONT_SIZE - 2)
@@ -159,39 +152,44 @@ def draw_waste(
     return fig
 
 
+LINESTYLES = {"paged": "--", "contiguous, max_seq_len": "-", "contiguous, exact": "-."}
+
+
 def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str | None = None) -> Figure:
     """Memory systems side by side over one replay: memory holding tokens, external fragmentation, admissions.
 
-    ``result`` is the output of :func:`minipaged.sim.simulate_contiguous_vs_paged`, or any
-    dict of ``{label: series}`` with such series (e.g. two contiguous runs with different
-    reservations); ``"time"`` and ``"totals"`` are ignored. Top: slots holding tokens (thick) and
-    allocated (dotted) per system, in percent of ``num_slots`` when given; the gap between one
-    system's two lines is its internal waste. Middle: the share of free memory outside the
-    largest hole (paged is 0 by construction). Bottom: requests admitted so far (cumulative).
+    ``result`` is the output of :func:`minipaged.sim.simulate_contiguous_vs_paged`, or any dict of
+    ``{label: series}`` with such series (e.g. two contiguous runs with different reservations);
+    ``"time"``, ``"totals"`` and ``"reserve"`` are not series. Each system keeps its colour in
+    every figure (:func:`~minipaged.viz.palette.series_color`): a bare ``"contiguous"`` is a
+    ``max_seq_len`` reservation unless ``result["reserve"]`` is ``"exact"``. Top: slots holding
+    tokens (thick) and allocated (dotted) per system, in percent of ``num_slots`` when given; the
+    gap between one system's two lines is its internal waste. Middle: the share of free memory
+    outside the largest hole (paged is 0 by construction). Bottom: requests admitted so far.
     """
-    systems = {k: v for k, v in result.items() if k not in ("time", "totals")}
+    systems = {k: v for k, v in result.items() if k not in ("time", "totals", "reserve")}
     if not systems:
         raise ValueError("nothing to draw: no series in result")
-    fig, axes = new_figure(11, 8, nrows=3, sharex=True)
+    fig, axes = new_figure(12, 7.6, nrows=3, sharex=True)
     scale = 100 / num_slots if num_slots else 1
-    # Systems with other names (e.g. two contiguous variants) get further colours and dashes.
-    extra = [(PALETTE[5], "-"), (PALETTE[2], "--"), (PALETTE[3], "-."), (PALETTE[1], (0, (1, 1)))]
-    for i, (name, series) in enumerate(systems.items()):
-        color, linestyle = extra[i % len(extra)]
-        style = SYSTEM_STYLE.get(name, {"color": color, "linestyle": linestyle})
+    handles = []
+    for name, series in systems.items():
+        label = f"{name}, {result['reserve']}" if name == "contiguous" and "reserve" in result else name
+        color, ls = series_color(label), LINESTYLES.get(label, LINESTYLES.get(name, "-"))
         x = range(len(series["admitted"]))  # each replay runs until its own last request is done
-        axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, label=f"{name}: holds tokens", **style)
-        axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, alpha=0.9,
-                     label=f"{name}: allocated", color=style["color"], linestyle=":")
-        axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, label=name, **style)
-        axes[2].plot(x, series["admitted"], lw=2.2, label=name, **style)
+        axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, color=color, linestyle=ls)
+        axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, color=color, linestyle=":")
+        axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, color=color, linestyle=ls)
+        axes[2].plot(x, series["admitted"], lw=2.2, label=label, color=color, linestyle=ls)
+        handles.append(Line2D([], [], color=color, linestyle=ls, lw=2.5, label=label))
+    handles += [Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"),
+                Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated")]
     axes[0].set_ylabel("% of KV memory" if num_slots else "slots")
     axes[0].set_ylim(bottom=0)
     axes[1].set_ylabel("external\nfragmentation %")
     axes[1].set_ylim(-3, 103)
     axes[2].set_ylabel("requests\nadmitted")
     axes[2].set_xlabel("step")
-    for ax in axes:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    fig.legend(handles=handles, loc="outside right upper", frameon=False, fontsize=SMALL + 2)
     axes[0].set_title(title or "The same trace, the same memory", loc="left")
     return fig

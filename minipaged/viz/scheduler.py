@@ -1,7 +1,7 @@
 """Stage 5 pictures: what the engine did at each step, over time, and the KV memory it held.
 
-Pure render functions over :class:`~minipaged.engine.llm.StepSnapshot` lists (what
-``LLM.step()`` returns) and :meth:`LLM.kv_stats` dicts:
+Pure render functions over ``StepSnapshot`` lists (what ``LLM.step()`` returns) and
+``LLM.kv_stats()`` dicts:
 
 - :func:`draw_step`: one step's queues, scheduled work, block tables and pool;
 - :func:`draw_timeline`: a Gantt chart of every sequence over the steps;
@@ -17,17 +17,12 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
 
-from minipaged.viz.style import FREE, PALETTE, WASTE, new_figure, owner_color
+from minipaged.viz.palette import FREE, MUTED, STATE_COLORS, WASTE, Ink, owner_inks, series_color
+from minipaged.viz.style import SMALL, new_figure
 
-STATE_COLORS = {
-    "waiting": "#DDDDDD",
-    "prefill": PALETTE[1],   # orange
-    "decode": PALETTE[0],    # blue
-    "preempted": PALETTE[5],  # vermillion
-    "idle": "#9ECAE1",       # running but not scheduled (token budget spent)
-}
-PREEMPT = PALETTE[5]
+PREEMPT = STATE_COLORS["preempted"]
 
 
 def seq_names(snapshots: Sequence) -> dict[int, str]:
@@ -68,10 +63,11 @@ def describe_step(snapshot, names: Mapping[int, str] | None = None) -> str:
     return " | ".join(parts)
 
 
-def _box(ax, x: float, y: float, w: float, h: float, text: str, face: str, edge: str = "black", lw: float = 1,
-         text_color: str = "white", fontsize: int = 12, **kw) -> None:
-    ax.add_patch(Rectangle((x, y), w, h, facecolor=face, edgecolor=edge, lw=lw, **kw))
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, color=text_color)
+def _box(ax, x: float, y: float, w: float, h: float, text: str, ink: Ink, edge: str = "black", lw: float = 1,
+         fontsize: int = 12) -> None:
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=ink.color, hatch=ink.hatch, edgecolor=edge, lw=lw))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, color=ink.text,
+            fontweight="bold" if ink.text == "white" else "normal")
 
 
 def _clean(ax) -> None:
@@ -90,10 +86,12 @@ def draw_step(
     work (prefill / decode and token counts), block tables (with ``block_size`` the last block
     shows how full it is) and the pool (blocks coloured by owner; free blocks grey).
     """
-    fig, axes = new_figure(14, 7.5, nrows=2, ncols=2, gridspec_kw=dict(height_ratios=[1, 1.5], width_ratios=[1.25, 1]))
+    fig, axes = new_figure(12.6, 7.4, nrows=2, ncols=2,
+                           gridspec_kw=dict(height_ratios=[1, 1.5], width_ratios=[1.25, 1]))
     (ax_q, ax_s), (ax_t, ax_p) = axes
     preempted = set(snapshot.preempted)
     scheduled = {d["seq_id"]: d for d in snapshot.scheduled}
+    inks = owner_inks([*scheduled, *snapshot.running, *snapshot.block_tables])  # alive in this step: all different
 
     # Queues.
     w, h = 1.6, 0.8
@@ -102,13 +100,13 @@ def draw_step(
         ax_q.text(-0.2, y + h / 2, label, ha="right", va="center", fontsize=13)
         for i, seq_id in enumerate(ids):
             d = scheduled.get(seq_id)
-            face = owner_color(seq_id) if label == "running" else STATE_COLORS["waiting"]
+            ink = inks[seq_id] if label == "running" else Ink(STATE_COLORS["waiting"])
             text = _nm(seq_id, names) + (f"\n{d['kind'][0].upper()}{d['num_tokens']}" if d else "")
             red = seq_id in preempted
-            _box(ax_q, i * (w + 0.2), y, w, h, text, face, edge=PREEMPT if red else "black", lw=3.5 if red else 1,
-                 text_color="white" if label == "running" else "black", fontsize=11)
+            _box(ax_q, i * (w + 0.2), y, w, h, text, ink, edge=PREEMPT if red else "black", lw=3.5 if red else 1,
+                 fontsize=SMALL + 1)
         if not ids:
-            ax_q.text(0, y + h / 2, "(empty)", va="center", fontsize=12, color="#777777")
+            ax_q.text(0, y + h / 2, "(empty)", va="center", fontsize=12, color=MUTED)
     ax_q.set_xlim(-2.0, max(6, max(len(snapshot.waiting), len(snapshot.running))) * (w + 0.2))
     ax_q.set_ylim(-0.2, 2.2)
     _clean(ax_q)
@@ -116,11 +114,11 @@ def draw_step(
 
     # What ran.
     lines = [(f"{_nm(d['seq_id'], names)}: {d['kind']} of {d['num_tokens']} token{'s' * (d['num_tokens'] != 1)}",
-              STATE_COLORS[d["kind"]]) for d in snapshot.scheduled]
+              inks[d["seq_id"]].color) for d in snapshot.scheduled]
     lines += [(f"{_nm(s, names)}: preempted, blocks freed", PREEMPT) for s in snapshot.preempted]
     lines += [(f"R{r.request_id}: finished", "black") for r in snapshot.finished]
     total = sum(d["num_tokens"] for d in snapshot.scheduled)
-    for i, (text, color) in enumerate(lines or [("nothing scheduled", "#777777")]):
+    for i, (text, color) in enumerate(lines or [("nothing scheduled", MUTED)]):
         y = 1 - (i + 0.5) / max(len(lines), 6)
         ax_s.add_patch(Rectangle((0, y - 0.035), 0.03, 0.07, color=color, transform=ax_s.transAxes))
         ax_s.text(0.05, y, text, va="center", fontsize=12, color=PREEMPT if color == PREEMPT else "black",
@@ -142,16 +140,16 @@ def draw_step(
                 fill = max(0.0, min(1.0, (ntok - j * block_size) / block_size))
             ax_t.add_patch(Rectangle((j * bw, y), bw * 0.92, 0.8, facecolor="white", edgecolor="black", lw=1))
             if fill > 0:
-                ax_t.add_patch(Rectangle((j * bw, y), bw * 0.92 * fill, 0.8, facecolor=owner_color(seq_id),
-                                         edgecolor="none"))
-            ax_t.text(j * bw + 0.46, y + 0.4, str(block), ha="center", va="center", fontsize=11,
-                      color="white" if fill > 0.5 else "black")
+                ax_t.add_patch(Rectangle((j * bw, y), bw * 0.92 * fill, 0.8, facecolor=inks[seq_id].color,
+                                         hatch=inks[seq_id].hatch, edgecolor="none"))
+            ax_t.text(j * bw + 0.46, y + 0.4, str(block), ha="center", va="center", fontsize=SMALL + 1,
+                      color=inks[seq_id].text if fill > 0.5 else "black")
     width = max([len(t) for t in snapshot.block_tables.values()] + [4])
     ax_t.set_xlim(-2.0, width * bw + 0.2)
     ax_t.set_ylim(-0.3, nrows)
     _clean(ax_t)
     if not live:
-        ax_t.text(0, nrows - 0.6, "(no live sequence)", fontsize=12, color="#777777")
+        ax_t.text(0, nrows - 0.6, "(no live sequence)", fontsize=12, color=MUTED)
     sub = f" (tokens: {block_size} per block)" if block_size else ""
     ax_t.set_title("block tables: logical -> physical" + sub, loc="left")
 
@@ -167,10 +165,10 @@ def draw_step(
         x, y = b % cols, rows - 1 - b // cols
         shared = bool(snapshot.ref_cnt) and snapshot.ref_cnt[b] > 1
         if b in owner:
-            _box(ax_p, x, y, 0.9, 0.9, str(b), owner_color(owner[b]), edge="black", lw=2.5 if shared else 1,
-                 fontsize=11)
+            _box(ax_p, x, y, 0.9, 0.9, str(b), inks[owner[b]], edge="black", lw=2.5 if shared else 1,
+                 fontsize=SMALL + 1)
         else:
-            _box(ax_p, x, y, 0.9, 0.9, str(b), FREE, edge=WASTE, text_color="#777777", fontsize=11)
+            _box(ax_p, x, y, 0.9, 0.9, str(b), Ink(FREE), edge=WASTE, fontsize=SMALL + 1)
     ax_p.set_xlim(-0.1, cols)
     ax_p.set_ylim(-0.1, max(rows, 1))
     ax_p.set_aspect("equal")
@@ -251,49 +249,77 @@ def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, t
     return fig
 
 
-def _series(series: Sequence) -> tuple[list[int], list[int]]:
-    """(tokens held, slots allocated) per step from kv_stats() dicts or (held, allocated) pairs."""
-    held, alloc = [], []
-    for item in series:
-        if isinstance(item, Mapping):
-            held.append(int(item["tokens_held"]))
-            alloc.append(int(item["slots_allocated"]))
-        else:
-            held.append(int(item[0]))
-            alloc.append(int(item[1]))
-    return held, alloc
+def during_steps(values: Sequence[int], preemptions: Sequence[int] | None = None) -> list[int]:
+    """What the engine held *during* each step, from ``values`` recorded after each step.
+
+    Records come after a step has freed what its finished sequences held, and new requests are
+    admitted at the next step's schedule, so a record can be low (0 for a contiguous cache whose
+    reservations all just finished) although no step ever ran with that little. During step k the
+    engine still held what it held after step k-1 (finished sequences free at the end of the
+    step), so the value is ``max(record k-1, record k)`` — except in a step that preempted
+    (``preemptions``, the running count of ``kv_stats()["num_preemptions"]``, grew): preemption
+    frees memory before the step runs, so that step keeps its own record.
+    """
+    preemptions = preemptions or [0] * len(values)
+    out, prev_value, prev_preemptions = [], 0, 0
+    for value, count in zip(values, preemptions):
+        out.append(int(value) if count > prev_preemptions else max(int(value), prev_value))
+        prev_value, prev_preemptions = int(value), count
+    return out
 
 
 def draw_kv_usage(
-    paged_series: Sequence,
-    contiguous_series: Sequence,
+    paged_series: Sequence[Mapping],
+    contiguous_series: Sequence[Mapping],
     capacity: int | None = None,
     title: str | None = None,
+    *,
+    running: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> Figure:
-    """KV slots over engine steps, paged vs contiguous on the same budget.
+    """KV slots in use at each engine step, a paged cache against a contiguous one on the same budget.
 
-    Each series has one entry per step: a :meth:`LLM.kv_stats` dict (``tokens_held``,
-    ``slots_allocated``) or a ``(tokens_held, slots_allocated)`` pair. Solid lines: slots taken
-    (blocks allocated / reservations); dashed: slots holding a token; the gap between them is
-    waste. ``capacity`` (slots in the budget) draws a horizontal line. Artists: four step
-    ``Line2D`` series, a dotted vertical line at each run's last step, and one line for the capacity.
+    Each series is one ``LLM.kv_stats()`` dict per step, recorded after the step (``tokens_held``,
+    ``slots_allocated``, ``num_preemptions``), read with :func:`during_steps`. Solid steps: slots
+    allocated (blocks, or reservations); dashed: slots holding a token; the shaded gap between them
+    is waste. ``capacity`` (slots in the budget) draws a horizontal line. ``running``: the number
+    of running sequences after each step, ``(paged, contiguous)``: adds a second panel.
+
+    Artists: in the first axes, one ``Line2D`` per series and kind (labels ``"paged: slots
+    allocated"``, ``"paged: slots holding a token"``, ...), the capacity line, and a dotted
+    vertical line at each run's last step.
     """
-    fig, ax = new_figure(11, 4.8)
-    for label, series, color in (("paged", paged_series, PALETTE[0]), ("contiguous", contiguous_series, PALETTE[1])):
-        held, alloc = _series(series)
+    fig, axes = new_figure(12.4 if running else 11, 5.2, ncols=2 if running else 1, squeeze=False,
+                           gridspec_kw=dict(width_ratios=[1.6, 1]) if running else None)
+    ax = axes[0, 0]
+    runs = (("paged", paged_series), ("contiguous", contiguous_series))
+    for label, series in runs:
+        color, preempts = series_color(label), [d.get("num_preemptions", 0) for d in series]
+        held = during_steps([d["tokens_held"] for d in series], preempts)
+        alloc = during_steps([d["slots_allocated"] for d in series], preempts)
         x = list(range(1, len(held) + 1))
         ax.step(x, alloc, where="mid", color=color, lw=2.5, label=f"{label}: slots allocated")
         ax.step(x, held, where="mid", color=color, lw=2, ls="--", label=f"{label}: slots holding a token")
-        ax.fill_between(x, held, alloc, step="mid", color=color, alpha=0.12)
+        ax.fill_between(x, held, alloc, step="mid", color=color, alpha=0.15)
         if x:
-            ax.axvline(x[-1] + 0.5, color=color, lw=1, ls=":")
-            ax.annotate(f"done at step {x[-1]}", (x[-1] + 0.5, 0), xytext=(-6, 6), textcoords="offset points",
-                        ha="right", fontsize=12, color=color)
+            ax.axvline(x[-1] + 0.5, color=color, lw=1.2, ls=":", label=f"{label}: done after step {x[-1]}")
     if capacity is not None:
-        ax.axhline(capacity, color="black", lw=1.2, ls=":", label=f"budget: {capacity} slots")
+        ax.axhline(capacity, color="black", lw=1.2, ls=(0, (1, 2)), label=f"budget: {capacity} slots")
     ax.set_xlabel("engine step")
     ax.set_ylabel("KV slots")
-    ax.set_ylim(bottom=0)
-    fig.legend(loc="outside lower center", ncol=3, frameon=False)
+    ax.set_ylim(0, 1.08 * max([capacity or 0] + [int(d["slots_allocated"]) for _, s in runs for d in s] + [1]))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title or "KV memory over time, same budget", loc="left")
+    if running:
+        ax_r = axes[0, 1]
+        for (label, series), counts in zip(runs, running):
+            ran = during_steps(counts, [d.get("num_preemptions", 0) for d in series])
+            ax_r.step(range(1, len(ran) + 1), ran, where="mid", color=series_color(label), lw=2.2, label=label)
+        ax_r.set_xlabel("engine step")
+        ax_r.set_ylabel("sequences")
+        ax_r.set_ylim(bottom=0)
+        for axis in (ax_r.xaxis, ax_r.yaxis):
+            axis.set_major_locator(MaxNLocator(integer=True))
+        ax_r.set_title("running sequences", loc="left")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, frameon=False,
+               fontsize=SMALL + 2)
     return fig

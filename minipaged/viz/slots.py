@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
-from minipaged.viz.style import FREE, WASTE, new_figure, owner_color
+from minipaged.viz.palette import FREE, MUTED, WASTE, owner_color, text_color
+from minipaged.viz.style import SMALL, new_figure
 
 PAD_COLOR = WASTE
 BLOCK_GAP = 0.7  # horizontal gap between two blocks of slots, in slot widths
@@ -73,13 +74,13 @@ def draw_slot_mapping(
         else:
             face, alpha = "white", 1.0
         ax.add_patch(Rectangle((x + 0.05, y_slot), 0.9, h, facecolor=face, alpha=alpha, edgecolor="#555555", lw=1))
-        ax.text(x + 0.5, y_slot + h / 2, str(s), ha="center", va="center", fontsize=11,
-                color="white" if s in writer else "black")
+        ax.text(x + 0.5, y_slot + h / 2, str(s), ha="center", va="center", fontsize=SMALL + 1,
+                color=text_color(face) if s in writer else "black")
     for b in range(num_blocks):
         x0 = _slot_x(b * block_size, block_size)
         ax.add_patch(Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False,
                                edgecolor="black", lw=1.8))
-        ax.text(x0 + block_size / 2, y_slot - 0.3, f"block {b}", ha="center", va="top", fontsize=11)
+        ax.text(x0 + block_size / 2, y_slot - 0.3, f"block {b}", ha="center", va="top", fontsize=SMALL + 2)
 
     # Top row: the batch's tokens, packed in order, one gap between sequences.
     xs: list[float] = []
@@ -92,22 +93,28 @@ def draw_slot_mapping(
     scale = min(1.0, width / x) if x else 1.0
     offset = (width - x * scale) / 2
     tw = 0.9 * scale
+    pad_runs: list[list[float]] = []  # x of the first and last padding token of each run
     for i, s in enumerate(slots):
         tx = offset + xs[i] * scale
         if s < 0:
             ax.add_patch(Rectangle((tx, y_tok), tw, h, facecolor=PAD_COLOR, edgecolor="#555555", hatch="//", lw=1))
-            ax.text(tx + tw / 2, y_tok + h / 2, "pad", ha="center", va="center", fontsize=10)
-            ax.text(tx + tw / 2, y_tok - 0.35, "-1\nskip", ha="center", va="top", fontsize=11, color="#555555")
+            if i and slots[i - 1] < 0:
+                pad_runs[-1][1] = tx + tw
+            else:
+                pad_runs.append([tx, tx + tw])
             continue
         seq = token_seq[i]
         color = owner_color(seq)
         ax.add_patch(Rectangle((tx, y_tok), tw, h, facecolor=color, edgecolor="black", lw=1))
         label = _name(seq, seq_names) + ("" if token_pos is None else str(token_pos[i]))
-        ax.text(tx + tw / 2, y_tok + h / 2, label, ha="center", va="center", fontsize=11 if scale > 0.7 else 8,
-                color="white")
+        ax.text(tx + tw / 2, y_tok + h / 2, label, ha="center", va="center",
+                fontsize=SMALL + 1 if scale > 0.7 else SMALL, color=text_color(color))
         ax.add_patch(FancyArrowPatch((tx + tw / 2, y_tok - 0.02), (_slot_x(s, block_size) + 0.5, y_slot + h + 0.1),
                                      arrowstyle="-|>", mutation_scale=12, color=color, lw=1.4, alpha=0.85))
 
+    for lo, hi in pad_runs:  # one label per run of padding, not one per token
+        ax.text((lo + hi) / 2, y_tok + h + 0.1, "slot -1: skipped", ha="center", va="bottom", fontsize=SMALL + 1,
+                color=MUTED)
     ax.text(-0.4, y_tok + h / 2, "new\ntokens", ha="right", va="center", fontsize=12)
     ax.text(-0.4, y_slot + h / 2, "pool\nslots", ha="right", va="center", fontsize=12)
     seqs = sorted({token_seq[i] for i, s in enumerate(slots) if s >= 0} | set(filled.values()))
@@ -116,7 +123,7 @@ def draw_slot_mapping(
         handles.append(Patch(facecolor=PAD_COLOR, hatch="//", label="padding (slot -1)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(handles), frameon=False)
     ax.set_xlim(-1.6, width + 0.2)
-    ax.set_ylim(-0.9, y_tok + h + 0.2)
+    ax.set_ylim(-0.9, y_tok + h + (0.6 if pad_runs else 0.2))
     ax.set_axis_off()
     ax.set_title(title or f"slot = block_id * {block_size} + offset")
     return fig

@@ -1,37 +1,49 @@
-"""One look for every figure: colour-blind-safe colours, fonts readable on a projector.
+"""One look for every figure: fonts readable on a projector, sizes that fit one.
 
 Render functions take state and return a ``matplotlib.figure.Figure``; they never show it, so
-notebooks, widgets and ``save_figure`` (PNG/SVG for slides) all share them.
+notebooks, widgets and ``save_figure`` (PNG/SVG for slides) all share them. Colours live in
+:mod:`minipaged.viz.palette`.
+
+Sizes: a widget shows :func:`figure_png` at 100 dpi, where a point is 100/72 pixels. The
+smallest text, :data:`SMALL` (10 pt), is then 14 px; figures are at most :data:`MAX_WIDTH` x
+:data:`MAX_HEIGHT` inches (within 1280 x 800 px), so they fit a projector unshrunk.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib as mpl
 from matplotlib.figure import Figure
 
-# Okabe-Ito: distinguishable with every common colour-vision deficiency.
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
-FREE = "#EEEEEE"
-SHARED_EDGE = "#D55E00"
-WASTE = "#BBBBBB"
-FONT_SIZE = 14
+from minipaged.viz.palette import PALETTE
+
+FONT_SIZE = 14  # body text, axis labels
+SMALL = 10  # the smallest text any figure uses: 14 px at 100 dpi
+MAX_WIDTH, MAX_HEIGHT = 12.6, 7.8  # inches: within 1280 x 800 px at 100 dpi, margins included
+WIDGET_DPI = 100
+
 # Big type for projectors; applied when minipaged.viz is imported.
 STYLE = {"font.size": FONT_SIZE, "axes.titlesize": FONT_SIZE + 2, "axes.labelsize": FONT_SIZE,
-         "legend.fontsize": FONT_SIZE - 2, "axes.spines.top": False, "axes.spines.right": False,
+         "legend.fontsize": FONT_SIZE - 2, "xtick.labelsize": FONT_SIZE - 2, "ytick.labelsize": FONT_SIZE - 2,
+         "axes.spines.top": False, "axes.spines.right": False,
          "axes.prop_cycle": mpl.cycler(color=PALETTE), "svg.fonttype": "none"}
 mpl.rcParams.update(STYLE)
 
 
-def owner_color(i: int) -> str:
-    """A stable colour for the i-th owner (sequence, request)."""
-    return PALETTE[i % (len(PALETTE) - 1)]  # black is kept for text and outlines
+def fit(width: float, height: float) -> tuple[float, float]:
+    """(width, height) scaled down, keeping the aspect ratio, to fit MAX_WIDTH x MAX_HEIGHT."""
+    shrink = min(1.0, MAX_WIDTH / width, MAX_HEIGHT / height)
+    return width * shrink, height * shrink
 
 
 def new_figure(width: float = 10, height: float = 4, **kwargs) -> tuple[Figure, object]:
-    """A figure and its axes with the project's fonts; not attached to pyplot's global state."""
-    fig = Figure(figsize=(width, height), layout="constrained")
+    """A figure and its axes with the project's fonts; not attached to pyplot's global state.
+
+    ``width`` x ``height`` inches, scaled down (aspect kept) to fit a 1280 x 800 screen at 100 dpi.
+    """
+    fig = Figure(figsize=fit(width, height), layout="constrained")
     return fig, fig.subplots(**kwargs)
 
 
@@ -43,10 +55,12 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
     return path
 
 
-def figure_png(fig: Figure, dpi: int = 100) -> bytes:
-    """PNG bytes of a figure, for an ``ipywidgets.Image`` that a widget observer updates."""
-    import io
+def figure_png(fig: Figure, dpi: int = WIDGET_DPI) -> bytes:
+    """PNG bytes of a figure, for an ``ipywidgets.Image`` that a widget observer updates.
 
+    Keep the default 100 dpi: the figures' text sizes are chosen for it (a lower dpi shrinks text
+    below 12 px).
+    """
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     return buf.getvalue()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from exercises.stage1_allocator import TinyPool
 from minipaged.kv.allocator import BlockPool
 
 STAGE = "stage1_allocator"
@@ -131,9 +132,7 @@ def test_fork_then_grow(ex):
 
 @pytest.mark.exercise("fork")
 def test_fork_on_tiny_pool(ex):
-    pool = ex.TinyPool(4) if hasattr(ex, "TinyPool") else None
-    if pool is None:
-        pytest.skip("no TinyPool in this module")
+    pool = TinyPool(4)
     parent = pool.allocate(2)
     child = ex.fork(pool, parent)
     assert child == parent and pool.ref_cnt[:2] == [2, 2] and len(pool.free_list) == 2

@@ -9,6 +9,7 @@ import torch
 
 from minipaged.attention.reference import gather_kv
 from minipaged.kv.block_table import BlockTable
+from minipaged.utils import cdiv
 
 STAGE = "stage2_block_table"
 
@@ -42,7 +43,7 @@ def test_physical_matches_block_table(ex, block_size):
 def _scattered_case(block_size: int, num_tokens: int, seed: int):
     """A cache of random numbers and a shuffled block table that holds ``num_tokens`` tokens."""
     g = torch.Generator().manual_seed(seed)
-    needed = -(-num_tokens // block_size)
+    needed = cdiv(num_tokens, block_size)
     num_blocks = needed + 5
     cache = torch.randn(num_blocks, block_size, 2, 8, generator=g)
     ids = random.Random(seed).sample(range(num_blocks), needed)

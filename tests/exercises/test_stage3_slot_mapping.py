@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
-from minipaged.attention.reference import gather_kv
+from minipaged.attention.reference import gather_kv, store_kvcache
 from minipaged.kv.block_table import BlockTable, padded_block_tables
-from minipaged.kv.slot_mapping import build_slot_mapping, store_kvcache
+from minipaged.kv.slot_mapping import build_slot_mapping
+from minipaged.utils import cdiv
 
 STAGE = "stage3_slot_mapping"
 
@@ -18,7 +19,7 @@ def random_batch(num_seqs: int, block_size: int, seed: int, max_len: int = 40):
     """Scattered block tables from a shuffled pool, and each sequence's token count."""
     rng = random.Random(seed)
     lens = [rng.randint(1, max_len) for _ in range(num_seqs)]
-    needed = [-(-n // block_size) for n in lens]
+    needed = [cdiv(n, block_size) for n in lens]
     ids = list(range(sum(needed) + 3))
     rng.shuffle(ids)
     tables, start = [], 0

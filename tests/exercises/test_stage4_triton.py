@@ -1,16 +1,109 @@
-"""Stage 4 exercises: online softmax, the causal stop, the interpreter's cost model (notebook 04)."""
+"""Stage 4 exercises: the store kernel in Triton, online softmax, the causal stop, the cost model (notebook 04)."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
-from minipaged.attention.reference import causal_attention
+from exercises.stage4_triton import store_kvcache as launch_store  # the given launcher: one program per token
+from minipaged.attention.reference import causal_attention, store_kvcache
+from minipaged.utils import cdiv
 from minipaged.viz.kernel import online_softmax_trace, program_reads
 
 STAGE = "stage4_triton"
+DEVICE = "cpu"  # the kernel runs in Triton's interpreter, on a GPU machine too: print() works, no compile step
+
+
+def guarded_caches(num_blocks: int, block_size: int, heads: int, dim: int, dtype: torch.dtype, seed: int):
+    """Random K and V caches ``[num_blocks, ...]``, each the middle of a buffer with one guard block
+    before and after: a write outside the cache lands in a guard (not in other memory) and is seen."""
+    g = torch.Generator().manual_seed(seed)
+    bufs = [torch.randn(num_blocks + 2, block_size, heads, dim, generator=g).to(dtype).to(DEVICE) for _ in "kv"]
+    return bufs, [b[1:-1] for b in bufs]
+
+
+def store_and_compare(ex, key, value, slots, bufs, what: str) -> None:
+    """Your kernel and ``minipaged.attention.reference.store_kvcache`` on copies of the same caches."""
+    want = [b.clone() for b in bufs]
+    store_kvcache(key, value, want[0][1:-1], want[1][1:-1], slots)
+    launch_store(key, value, bufs[0][1:-1], bufs[1][1:-1], slots, kernel=ex.store_kvcache_kernel)
+    for name, got, ref in (("k_cache", bufs[0], want[0]), ("v_cache", bufs[1], want[1])):
+        for guard, side in ((0, "before its first"), (-1, "after its last")):
+            assert torch.equal(got[guard], ref[guard]), (
+                f"{what}: your kernel wrote outside {name}, {side} slot: slot -1 must write nothing, "
+                f"and the lanes D .. D_PAD - 1 must be masked")
+        flat_got, flat_ref = got[1:-1].flatten(0, 1), ref[1:-1].flatten(0, 1)  # [num_slots, heads, dim]
+        wrong = (flat_got != flat_ref).flatten(1).any(dim=1).nonzero().flatten().tolist()
+        if wrong:
+            writers = [t for t, slot in enumerate(slots.tolist()) if slot == wrong[0]]
+            detail = f"token {writers[0]} goes there" if writers else "no token goes there: keep its old contents"
+            raise AssertionError(f"{what}, slot_mapping {slots.tolist()}: {name} differs from store_kvcache in "
+                                 f"slots {wrong[:8]}; slot {wrong[0]}: {detail}")
+
+
+@pytest.mark.exercise("store_kvcache_kernel")
+def test_store_kvcache_kernel_example(ex):
+    """The running example, block size 16: A's token 23 goes to slot 55 (block 3, offset 7), B's token 19 to
+    slot 147 (block 9, offset 3); the token between them is padding."""
+    bufs, (k_cache, v_cache) = guarded_caches(10, 16, 2, 4, torch.float32, seed=0)
+    key = torch.arange(3 * 8, dtype=torch.float32, device=DEVICE).reshape(3, 2, 4)
+    slots = torch.tensor([55, -1, 147], device=DEVICE)
+    store_and_compare(ex, key, -key, slots, bufs, "3 tokens, 2 KV heads of 4")
+    assert torch.equal(k_cache[3, 7], key[0]) and torch.equal(v_cache[9, 3], -key[2])
+
+
+STORE_CASES = [  # (block size, KV heads, head dim, dtype)
+    (16, 2, 16, torch.float32),  # D = 32, a power of two
+    (4, 3, 8, torch.float32),  # D = 24: 8 masked lanes
+    (1, 1, 5, torch.float16),
+    (8, 2, 4, torch.bfloat16),
+]
+
+
+@pytest.mark.exercise("store_kvcache_kernel")
+@pytest.mark.parametrize("block_size,heads,dim,dtype", STORE_CASES, ids=[f"bs{c[0]}-D{c[1] * c[2]}-{str(c[3])[6:]}"
+                                                                        for c in STORE_CASES])
+def test_store_kvcache_kernel_matches_reference(ex, block_size, heads, dim, dtype):
+    rng = random.Random(block_size * heads)
+    num_blocks = 6
+    num_tokens = rng.randint(5, 20)
+    slots = rng.sample(range(num_blocks * block_size), min(num_tokens, num_blocks * block_size))
+    slots += [-1] * (num_tokens - len(slots))
+    for t in rng.sample(range(num_tokens), num_tokens // 4):
+        slots[t] = -1  # padding tokens here and there
+    slots = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
+    g = torch.Generator().manual_seed(1)
+    key, value = (torch.randn(num_tokens, heads, dim, generator=g).to(dtype).to(DEVICE) for _ in "kv")
+    bufs, _ = guarded_caches(num_blocks, block_size, heads, dim, dtype, seed=2)
+    store_and_compare(ex, key, value, slots, bufs, f"{num_tokens} tokens, {heads} KV heads of {dim}, {dtype}")
+
+
+@pytest.mark.exercise("store_kvcache_kernel")
+def test_store_kvcache_kernel_strided_rows(ex):
+    """K and V as the model makes them: slices of one packed QKV projection, so a row is not D apart."""
+    heads, kv_heads, dim, num_tokens = 4, 2, 8, 7
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * dim, generator=torch.Generator().manual_seed(3))
+    qkv = qkv.to(DEVICE)
+    key = qkv[:, heads * dim : (heads + kv_heads) * dim].view(num_tokens, kv_heads, dim)
+    value = qkv[:, (heads + kv_heads) * dim :].view(num_tokens, kv_heads, dim)
+    assert key.stride(0) == qkv.shape[1] != kv_heads * dim
+    bufs, _ = guarded_caches(4, 4, kv_heads, dim, torch.float32, seed=4)
+    slots = torch.tensor([3, 4, 5, -1, 12, 13, 0], device=DEVICE)
+    store_and_compare(ex, key, value, slots, bufs, "key/value rows key.stride(0) apart (a packed projection)")
+
+
+@pytest.mark.exercise("store_kvcache_kernel")
+def test_store_kvcache_kernel_padding_writes_nothing(ex):
+    bufs, _ = guarded_caches(2, 4, 1, 3, torch.float32, seed=5)
+    before = [b.clone() for b in bufs]
+    key = torch.ones(5, 1, 3, device=DEVICE)
+    launch_store(key, key, bufs[0][1:-1], bufs[1][1:-1], torch.full((5,), -1, device=DEVICE),
+                 kernel=ex.store_kvcache_kernel)
+    assert all(torch.equal(b, a) for a, b in zip(before, bufs)), "5 padding tokens (slot -1) must write nothing"
+    store_and_compare(ex, key, key, torch.tensor([7, -1, 0, -1, 4], device=DEVICE), bufs, "the first and last slots")
 
 
 def init_state(rows: int, head_dim: int):
@@ -118,7 +211,7 @@ def test_tile_kv_end_by_definition(ex):
     for context_len in (1, 5, 16, 33, 100):
         for q_len in sorted({1, 2, min(7, context_len), context_len}):
             for block_q in (1, 4, 16):
-                for q_tile in range(-(-q_len // block_q)):
+                for q_tile in range(cdiv(q_len, block_q)):
                     want = kv_end_by_definition(context_len, q_len, q_tile, block_q)
                     got = ex.tile_kv_end(context_len, q_len, q_tile, block_q)
                     assert got == want, (f"context_len {context_len}, q_len {q_len}, tile {q_tile} of {block_q}: "
@@ -145,7 +238,7 @@ def test_tile_kv_end_keys_past_it_do_not_matter(ex):
 
 def loop_steps_by_walk(q_lens, context_lens, num_kv_heads, block_q, block_n) -> int:
     """Count with minipaged.viz.kernel.program_reads, one program at a time."""
-    num_tiles = -(-max(q_lens) // block_q)
+    num_tiles = cdiv(max(q_lens), block_q)
     steps = 0
     for q_len, context_len in zip(q_lens, context_lens):
         table = list(range(context_len))  # block size 1: any table works for counting

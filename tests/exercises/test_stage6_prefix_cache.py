@@ -1,6 +1,7 @@
 """Stage 6 exercises: chained hashes, reusable prefix, LRU order, copy-on-write (notebook 06).
 
-Checked against ``chain_hashes``, ``BlockPool`` and the engine's ``PagedKVManager``.
+Checked against ``chain_hashes``, the definition of a reusable prefix (the longest common prefix
+with a prompt seen before, in whole blocks), and ``BlockPool``'s free queue and reference counts.
 """
 
 from __future__ import annotations
@@ -10,19 +11,10 @@ import random
 
 import pytest
 
-from minipaged.engine.block_manager import PagedKVManager
-from minipaged.engine.sampling_params import SamplingParams
-from minipaged.engine.sequence import Sequence
 from minipaged.kv.allocator import BlockPool
-from minipaged.kv.block_table import BlockTable
 from minipaged.kv.prefix_cache import ROOT_HASH, chain_hashes, hash_block
-from minipaged.kv.slot_mapping import PagedKVCache
 
 STAGE = "stage6_prefix_cache"
-
-
-def manager(num_blocks: int, block_size: int, caching: bool) -> PagedKVManager:
-    return PagedKVManager(PagedKVCache(1, num_blocks, block_size, 1, 1), caching, "torch")
 
 
 @pytest.mark.exercise("chain_block_hashes")
@@ -48,38 +40,32 @@ def test_chain_block_hashes_position_matters(ex):
     assert got[2] == hash_block(got[1], list(b"one "))
 
 
-def cache_after(prompts: list[list[int]], block_size: int) -> PagedKVManager:
-    """A prefix-caching manager that has computed ``prompts`` one after the other, then freed them."""
-    kv = manager(256, block_size, caching=True)
-    for i, prompt in enumerate(prompts):
-        seq = Sequence(i, prompt, SamplingParams(), block_size)
-        kv.match_prefix(seq)
-        kv.allocate(seq, len(seq) - seq.num_computed_tokens)  # full blocks are published here
-        kv.free(seq)  # free, but still cached
-    return kv
+def cached_after(prompts: list[list[int]], block_size: int) -> dict[int, tuple[int, ...]]:
+    """The cache once ``prompts`` have been computed: every full block, by chained hash."""
+    cached = {}
+    for prompt in prompts:
+        for i, h in enumerate(chain_hashes(prompt, block_size)):
+            cached[h] = tuple(prompt[i * block_size : (i + 1) * block_size])
+    return cached
 
 
-def engine_reuse(kv: PagedKVManager, prompt: list[int], block_size: int) -> int:
-    seq = Sequence(999, prompt, SamplingParams(), block_size)
-    hit = kv.match_prefix(seq)
-    kv.undo_match(seq)
-    return hit
-
-
-def as_dict(kv: PagedKVManager) -> dict[int, tuple[int, ...]]:
-    cache = kv.prefix_cache
-    return {h: cache.tokens[block.block_id] for h, block in cache.blocks.items()}
+def reuse_by_definition(prompt: list[int], seen: list[list[int]], block_size: int) -> int:
+    """The longest prefix shared with a prompt seen before, in its full blocks, never the last token's block."""
+    best = 0
+    for other in seen:
+        common = next((i for i, (a, b) in enumerate(zip(prompt, other)) if a != b), min(len(prompt), len(other)))
+        best = max(best, min(common, len(other)) // block_size)
+    return min(best, (len(prompt) - 1) // block_size) * block_size
 
 
 @pytest.mark.exercise("reusable_prefix_tokens")
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_reusable_prefix_tokens_matches_engine(ex, block_size):
+def test_reusable_prefix_tokens_shared_system_prompt(ex, block_size):
     rng = random.Random(block_size)
     system = [rng.randrange(256) for _ in range(40)]
     own = [[rng.randrange(256) for _ in range(rng.randint(1, 30))] for _ in range(4)]
     seen = [system + own[0], system + own[1], system[:32], system[:7]]
-    kv = cache_after(seen, block_size)
-    cached = as_dict(kv)
+    cached = cached_after(seen, block_size)
     queries = {
         "same system prompt, new text": system + own[2],
         "an earlier prompt again (whole-prompt hit)": seen[0],
@@ -91,9 +77,9 @@ def test_reusable_prefix_tokens_matches_engine(ex, block_size):
         "nothing in common": own[3],
     }
     for what, prompt in queries.items():
-        want = engine_reuse(kv, prompt, block_size)
-        got = ex.reusable_prefix_tokens(prompt, block_size, cached)
-        assert got == want, f"block size {block_size}, {what} ({len(prompt)} tokens): engine reuses {want}, got {got}"
+        want = reuse_by_definition(prompt, seen, block_size)
+        got = ex.reusable_prefix_tokens(prompt, block_size, dict(cached))
+        assert got == want, f"block size {block_size}, {what} ({len(prompt)} tokens): {want} reusable, got {got}"
 
 
 @pytest.mark.exercise("reusable_prefix_tokens")
@@ -160,27 +146,26 @@ def test_evict_order_matches_block_pool(ex):
         assert list(got) == want, f"free_queue {free_queue}, finished {finished}: BlockPool gives {want}, got {got}"
 
 
-def engine_cow(tables, ref_cnt, free_queue, idx, block_size=4):
-    """The engine's answer: PagedKVManager.allocate, one new token per sequence, in table order."""
+def pool_cow(tables, ref_cnt, free_queue, idx):
+    """The same writes on a real ``BlockPool``: a shared block is replaced by a newly allocated one."""
     num_blocks = 1 + max([b for t in tables for b in t] + list(free_queue) + list(ref_cnt))
-    kv = manager(num_blocks, block_size, caching=False)
-    pool = kv.pool
+    pool = BlockPool(num_blocks)
     pool.allocate(num_blocks)  # everything held ...
     for block_id in free_queue:  # ... except the free queue, in its order
         pool.free([block_id])
     for block_id, count in ref_cnt.items():
         for _ in range(count - 1):
             pool.share(block_id)
-    seqs = []
-    for k, table in enumerate(tables):
-        held = idx * block_size + 1 + k % (block_size - 1)  # block idx partly filled
-        seq = Sequence(k, list(range(held + 1)), SamplingParams(), block_size)
-        seq.block_table = BlockTable.from_blocks(table, held, block_size)
-        seq.num_computed_tokens = held
-        seqs.append(seq)
-    for seq in seqs:
-        kv.allocate(seq, 1)  # writes position `held`, in logical block idx
-    return [seq.block_table.block_ids for seq in seqs]
+    out = []
+    for table in tables:
+        table = list(table)
+        if pool.blocks[table[idx]].ref_cnt > 1:
+            new = pool.allocate(1)[0].block_id
+            pool.free([table[idx]])
+            table[idx] = new
+        out.append(table)
+    pool.check_invariants()
+    return out
 
 
 @pytest.mark.exercise("copy_on_write")
@@ -188,27 +173,30 @@ def test_copy_on_write_example(ex):
     args = ([[7, 3], [7, 3], [7, 3]], {7: 3, 3: 3}, [9, 0], 1)
     frozen = copy.deepcopy(args)
     got = ex.copy_on_write(*args)
-    assert [list(t) for t in got] == [[7, 9], [7, 0], [7, 3]]
+    want = [[7, 9], [7, 0], [7, 3]]
+    assert [list(t) for t in got] == want, f"notebook 06's example, copy_on_write{frozen}: want {want}, got {got}"
     assert args == frozen, "do not change the arguments"
-    assert engine_cow(*frozen) == [[7, 9], [7, 0], [7, 3]]  # the engine agrees
 
 
 @pytest.mark.exercise("copy_on_write")
 def test_copy_on_write_cases(ex):
-    cases = {
-        "nothing shared: everyone writes in place": ([[1, 2], [3, 4]], {1: 1, 2: 1, 3: 1, 4: 1}, [5, 6], 1),
-        "a block held by someone else too: both copy": ([[1, 2], [3, 2]], {1: 1, 2: 3, 3: 1}, [7, 8, 9], 1),
-        "two shared groups": ([[1, 2], [1, 2], [1, 3], [1, 3]], {1: 4, 2: 2, 3: 2}, [6, 5, 4], 1),
-        "idx 0": ([[4], [4], [2]], {4: 2, 2: 1}, [0, 1], 0),
+    cases = {  # what: (tables, ref_cnt, free_queue, idx), want
+        "nothing shared: everyone writes in place": (([[1, 2], [3, 4]], {1: 1, 2: 1, 3: 1, 4: 1}, [5, 6], 1),
+                                                     [[1, 2], [3, 4]]),
+        "a block held by someone else too: both copy": (([[1, 2], [3, 2]], {1: 1, 2: 3, 3: 1}, [7, 8, 9], 1),
+                                                        [[1, 7], [3, 8]]),
+        "two shared groups: the last user of each writes in place": (
+            ([[1, 2], [1, 2], [1, 3], [1, 3]], {1: 4, 2: 2, 3: 2}, [6, 5, 4], 1), [[1, 6], [1, 2], [1, 5], [1, 3]]),
+        "idx 0": (([[4], [4], [2]], {4: 2, 2: 1}, [0, 1], 0), [[0], [4], [2]]),
     }
-    for what, args in cases.items():
-        want = engine_cow(*copy.deepcopy(args))
+    for what, (args, want) in cases.items():
+        assert pool_cow(*copy.deepcopy(args)) == want  # BlockPool agrees
         got = ex.copy_on_write(*copy.deepcopy(args))
-        assert [list(t) for t in got] == want, f"{what}: {args} -> the engine gives {want}, got {got}"
+        assert [list(t) for t in got] == want, f"{what}: copy_on_write{args}: want {want}, got {got}"
 
 
 @pytest.mark.exercise("copy_on_write")
-def test_copy_on_write_matches_engine(ex):
+def test_copy_on_write_matches_block_pool(ex):
     rng = random.Random(1)
     for _ in range(40):
         idx = rng.randint(0, 2)
@@ -223,7 +211,7 @@ def test_copy_on_write_matches_engine(ex):
             if users:
                 ref_cnt[b] = users + rng.choice([0, 0, 1])  # sometimes also held outside these tables
         free_queue = [ids.pop() for _ in range(len(tables))]
-        want = engine_cow(copy.deepcopy(tables), dict(ref_cnt), list(free_queue), idx)
+        want = pool_cow(copy.deepcopy(tables), dict(ref_cnt), list(free_queue), idx)
         got = ex.copy_on_write(copy.deepcopy(tables), dict(ref_cnt), list(free_queue), idx)
         assert [list(t) for t in got] == want, (f"tables {tables}, ref_cnt {ref_cnt}, free_queue {free_queue}, "
-                                                f"idx {idx}: the engine gives {want}, got {got}")
+                                                f"idx {idx}: BlockPool gives {want}, got {got}")

@@ -5,6 +5,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import triton
+import triton.language as tl
+
+from minipaged.utils import cdiv
+
+
+@triton.jit
+def store_kvcache_kernel(key, value, k_cache, v_cache, slot_mapping, key_stride, value_stride, D, D_PAD: tl.constexpr):
+    """Program ``t`` copies token ``t``'s K and V rows to the row of its slot; slot -1 writes nothing."""
+    t = tl.program_id(0).to(tl.int64)  # int64: t * stride can pass 2**31 on big batches
+    slot = tl.load(slot_mapping + t)
+    if slot < 0:
+        return
+    cols = tl.arange(0, D_PAD)
+    lanes = cols < D  # D_PAD - D lanes past the row: never read or written
+    k = tl.load(key + t * key_stride + cols, mask=lanes)
+    tl.store(k_cache + slot * D + cols, k, mask=lanes)
+    v = tl.load(value + t * value_stride + cols, mask=lanes)
+    tl.store(v_cache + slot * D + cols, v, mask=lanes)
 
 
 def online_softmax_update(
@@ -26,10 +45,10 @@ def count_loop_steps(
     q_lens: Sequence[int], context_lens: Sequence[int], num_kv_heads: int, block_q: int, block_n: int
 ) -> int:
     """Sum of ``cdiv(kv_end, block_n)`` over the programs that have queries."""
-    num_tiles = -(-max(q_lens, default=0) // block_q)
+    num_tiles = cdiv(max(q_lens, default=0), block_q)
     steps = 0
     for q_len, context_len in zip(q_lens, context_lens):
         for t in range(num_tiles):
             if t * block_q < q_len:
-                steps += -(-tile_kv_end(context_len, q_len, t, block_q) // block_n)
+                steps += cdiv(tile_kv_end(context_len, q_len, t, block_q), block_n)
     return steps * num_kv_heads

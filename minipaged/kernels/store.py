@@ -1,6 +1,6 @@
 """Write a batch's new K/V into the paged cache by slot, in Triton.
 
-Same contract as :func:`minipaged.kv.slot_mapping.store_kvcache`: token ``t`` goes to slot
+Same contract as :func:`minipaged.attention.reference.store_kvcache`: token ``t`` goes to slot
 ``slot_mapping[t] = block_id * block_size + offset``; slot -1 writes nothing.
 
 Grid ``(cdiv(num_tokens, BLOCK_T), cdiv(num_kv_heads * head_dim, BLOCK_C))``: a program copies
@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minipaged.kernels import INTERPRET
+from minipaged.kernels._checks import check_store
+from minipaged.kernels.interpreter import INTERPRET, interpreting, launch
 
 
 @triton.jit
@@ -69,11 +70,12 @@ def _store_kvcache_kernel(
     tl.store(v_dst, v, mask=mask)
 
 
-def store_constexprs(num_tokens: int, num_kv_heads: int, head_dim: int) -> dict:
-    """Tile sizes of a launch (also what an ahead-of-time compile needs)."""
+def store_constexprs(num_tokens: int, num_kv_heads: int, head_dim: int, *, interpret: bool = INTERPRET) -> dict:
+    """Tile sizes of a launch, compiled or (``interpret``) in Triton's interpreter (also what an
+    ahead-of-time compile needs)."""
     num_cols = num_kv_heads * head_dim
     block_c = min(triton.next_power_of_2(num_cols), 1024)
-    budget = 1 << 16 if INTERPRET else 1 << 12  # elements per tile: the interpreter wants few programs
+    budget = 1 << 16 if interpret else 1 << 12  # elements per tile: the interpreter wants few programs
     block_t = max(1, min(triton.next_power_of_2(num_tokens), budget // block_c))
     return dict(HEAD_DIM=head_dim, NUM_COLS=num_cols, BLOCK_T=block_t, BLOCK_C=block_c)
 
@@ -86,53 +88,27 @@ def store_kvcache(
     key, value: [num_tokens, num_kv_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
     num_kv_heads, head_dim]; slot_mapping: int64 (or int32) [num_tokens].
     """
-    if key.dim() != 3 or key.shape != value.shape:
-        raise ValueError(
-            "key and value must both be [num_tokens, num_kv_heads, head_dim], "
-            f"got {tuple(key.shape)}, {tuple(value.shape)}"
-        )
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
+    check_store(key, value, k_cache, v_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = key.shape
-    num_blocks, block_size = k_cache.shape[:2]
-    if tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
-        raise ValueError(
-            f"key has (num_kv_heads, head_dim) = {(num_kv_heads, head_dim)}, the cache {tuple(k_cache.shape[2:])}"
-        )
-    if slot_mapping.dtype not in (torch.int64, torch.int32) or tuple(slot_mapping.shape) != (num_tokens,):
-        raise ValueError(
-            f"slot_mapping must be int64 [num_tokens={num_tokens}], "
-            f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
-        )
-    for name, t in {"value": value, "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slot_mapping}.items():
-        if t.device != key.device:
-            raise ValueError(f"{name} is on {t.device}, key on {key.device}: use one device")
-    if key.device.type == "cpu" and not INTERPRET:
-        raise RuntimeError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing")
     if num_tokens == 0:
         return
-    if key.device.type != "cuda":  # a bad slot would write outside the cache: check (host sync) off CUDA
-        live = slot_mapping[slot_mapping != -1]
-        if live.numel() and (int(live.min()) < 0 or int(live.max()) >= num_blocks * block_size):
-            raise ValueError(f"slot_mapping holds slots outside [0, {num_blocks * block_size}) other than -1")
-
     if key.dtype != k_cache.dtype or value.dtype != v_cache.dtype:
         # Convert the new tokens with torch (round to nearest even), not in the kernel: the
         # interpreter's fp32 -> bf16 cast truncates. Only the new tokens are copied.
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
-    consts = store_constexprs(num_tokens, num_kv_heads, head_dim)
+    consts = store_constexprs(num_tokens, num_kv_heads, head_dim, interpret=interpreting(key.device))
     grid = (triton.cdiv(num_tokens, consts["BLOCK_T"]), triton.cdiv(consts["NUM_COLS"], consts["BLOCK_C"]))
-    _store_kvcache_kernel[grid](
+    launch(
+        _store_kvcache_kernel,
+        grid,
+        key.device,
         key,
         value,
         k_cache,
         v_cache,
         slot_mapping,
         num_tokens,
-        block_size,
+        k_cache.shape[1],
         slot_mapping.stride(0),
         *key.stride(),
         *value.stride(),

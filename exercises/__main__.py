@@ -1,0 +1,51 @@
+"""Check your exercises: ``python -m exercises stage3`` (one stage), ``python -m exercises`` (all).
+
+Run from the repository root. See ``exercises/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _stage(text: str) -> int:
+    number = text.lower().removeprefix("stage")
+    if not number.isdigit() or int(number) > 6:
+        raise argparse.ArgumentTypeError(f"not a stage: {text!r} (stage0 .. stage6)")
+    return int(number)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m exercises",
+        description="Check your exercises (exercises/stageN_*.py) and say where you stand.",
+        epilog="examples: python -m exercises stage3 · python -m exercises stage3 gather_sequence_kv · "
+        "python -m exercises",
+    )
+    parser.add_argument("stage", nargs="?", type=_stage, help="stage0 .. stage6 (or 0 .. 6); every stage if left out")
+    parser.add_argument("exercise", nargs="*", help="check only these exercises of the stage")
+    parser.add_argument("--file", type=Path, help="check this file instead of exercises/stageN_*.py")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show every failing check, not only the first")
+    args = parser.parse_args(argv)
+    if args.stage is None and (args.exercise or args.file):
+        parser.error("name a stage to check single exercises or another file, e.g. python -m exercises stage3")
+    try:
+        from exercises import harness
+        from exercises.report import format_stage, format_table
+    except ImportError as exc:
+        print(f"python -m exercises needs pytest and the minipaged package ({exc}): pip install -e '.[test]'")
+        return 2
+
+    if args.stage is None:
+        reports = harness.check(dict.fromkeys(harness.STAGES))
+        print(format_table(reports))
+    else:
+        reports = harness.check({args.stage: args.file}, only=set(args.exercise) or None)
+        print(format_stage(reports[0], args.verbose))
+    return 0 if all(r.passed for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

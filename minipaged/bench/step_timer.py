@@ -1,0 +1,58 @@
+"""Where a step's time goes: schedule, prepare (packing + metadata), forward, sample, other.
+
+:class:`StepTimer` wraps the engine's phases for the duration of a ``with`` block and puts them
+back afterwards, so the engine itself carries no timing code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from minipaged import LLM
+from minipaged.engine import llm as llm_module
+
+PHASES = ("schedule", "prepare", "forward", "sample")
+
+
+class StepTimer:
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._saved: list[tuple[object, str, object]] = []
+
+    def _wrap(self, owner: object, attr: str, phase: str) -> None:
+        original = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - start
+
+        self._saved.append((owner, attr, original))
+        setattr(owner, attr, timed)
+
+    def __enter__(self) -> StepTimer:
+        llm = self.llm
+        self._wrap(llm.scheduler, "schedule", "schedule")
+        self._wrap(llm.runner, "prepare", "prepare")
+        self._wrap(llm.model, "forward", "forward")
+        self._wrap(llm_module, "sample", "sample")
+        self._wrap(llm, "_run", "total")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, attr, original in reversed(self._saved):
+            if owner is llm_module:
+                setattr(owner, attr, original)
+            else:
+                delattr(owner, attr)  # the instance attribute hid the class's method
+
+    def shares(self) -> dict[str, float]:
+        """Each phase's share of the total; ``other`` is the rest (postprocess, bookkeeping)."""
+        total = self.seconds["total"] + self.seconds["schedule"]  # _run does not include schedule
+        out = {p: self.seconds[p] / total for p in PHASES}
+        out["other"] = 1 - sum(out.values())
+        return out
