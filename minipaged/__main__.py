@@ -7,6 +7,8 @@ import importlib
 import random
 import sys
 
+from minipaged.utils import cdiv
+
 BENCHES = ("memory", "kernels", "engine", "prefix")
 
 
@@ -19,7 +21,7 @@ def demo(args: argparse.Namespace) -> None:
     # One shared "system prompt" of 208 characters (13 full blocks of 16): half the requests use it.
     preamble = "You are a careful copy machine. Repeat the text between the markers exactly. " * 3
     preamble = preamble[:208]
-    texts = ["hello paged attention", "blocks like os pages", "kv cache 2026", "minipaged"]
+    texts = ["hello paged attention", "blocks like os pages", "kv cache 2026", "minipaged"][: args.num_prompts]
     texts += [task.random_text(rng) for _ in range(args.num_prompts - len(texts))]
     prompts = [task.prompt_for(t, preamble if i % 2 == 0 else "") for i, t in enumerate(texts)]
     llm = LLM(block_size=16, num_kvcache_blocks=args.num_blocks, max_num_seqs=8, enable_prefix_caching=True)
@@ -29,12 +31,14 @@ def demo(args: argparse.Namespace) -> None:
         got = out.outputs[0].text
         right = got == task.expected_completion(text)
         ok += right
-        shown = out.prompt if len(out.prompt) <= 90 else f"{out.prompt[:30]}...{out.prompt[-55:]}"
+        shared = out.prompt.startswith(preamble)
+        shown = f"[the shared {len(preamble)}-character preamble] + " if shared else ""
+        shown += repr(out.prompt[len(preamble) :] if shared else out.prompt)
         print(
             f"[{'ok ' if right else 'BAD'}] {len(out.prompt_token_ids):4d} prompt tokens, "
             f"{out.num_cached_tokens:4d} from the prefix cache"
         )
-        print(f"      prompt:     {shown!r}")
+        print(f"      prompt:     {shown}")
         print(f"      completion: {got!r}")
     print(f"\n{ok}/{len(texts)} completions exact")
     s = llm.kv_stats()
@@ -45,7 +49,7 @@ def demo(args: argparse.Namespace) -> None:
     )
     lens = [len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outputs]
     block = s["block_size"]
-    paged = sum(-(-n // block) * block for n in lens)
+    paged = sum(cdiv(n, block) * block for n in lens)
     contiguous = len(lens) * llm.max_model_len
     print(
         f"KV slots for these {len(lens)} sequences: {sum(lens)} tokens; paged allocates {paged} "
@@ -62,36 +66,46 @@ def evaluate(args: argparse.Namespace) -> None:
     print(f"embedded model: {acc * n:.0f}/{n} exact completions ({100 * acc:.1f}%)")
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minipaged", description="minipaged: paged KV memory, step by step")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run the embedded model through the paged engine")
-    d.add_argument("--num-prompts", type=int, default=8)
+    d.add_argument("--num-prompts", type=_positive, default=8)
     d.add_argument("--num-blocks", type=int, default=64)
     d.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("eval", help="accuracy of the embedded model through the engine")
     e.add_argument("--num-cases", type=int, default=200)
     e.add_argument("--num-blocks", type=int, default=None)
-    b = sub.add_parser("bench", help="print benchmark figures", add_help=False)
-    b.add_argument("which", choices=BENCHES)
+    b = sub.add_parser(
+        "bench", help="print benchmark figures",
+        description="Print benchmark figures, measured side by side in one run. "
+        "`python -m minipaged bench WHICH --help` lists each bench's options.",
+    )
+    b.add_argument("which", choices=BENCHES, help="memory | kernels | engine | prefix")
+    b.add_argument("options", nargs=argparse.REMAINDER, help="the bench's own options")
     a = sub.add_parser("animate", help="animate a real engine run, step by step, as a GIF or an HTML page")
     a.add_argument("which", choices=("prefix", "engine"))
     a.add_argument("--out", required=True, help="the file to write: .gif, or .html (self-contained, plays offline)")
     a.add_argument("--fps", type=float, default=1.5, help="frames (engine steps) per second")
     a.add_argument("--max-frames", type=int, default=None, help="stop after this many frames")
-    args, rest = p.parse_known_args(argv)
+    args = p.parse_args(argv)
     if args.cmd == "demo":
         demo(args)
     elif args.cmd == "eval":
         evaluate(args)
     elif args.cmd == "animate":
-        if rest:
-            p.error(f"unrecognized arguments: {' '.join(rest)}")
         from minipaged.viz import animate
 
         animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames)
     else:
-        importlib.import_module(f"minipaged.bench.{args.which}").main(rest)
+        importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -82,7 +83,8 @@ def test_notebook_runs_and_its_slider_redraws_the_picture(browser_context, prefi
             nb.page.wait_for_timeout(500)  # let the layout settle
             fit = nb.js("window.minipaged.widgetFit()")
             record_property(f"widget_fit_{width}x{height}", json.dumps(fit))
-            print(f"\n{prefix} widget boxes at {width}x{height}: {json.dumps(fit)}")
+            if problems := [p for box in fit for p in box["problems"]]:  # reported, not (yet) asserted
+                warnings.warn(f"{prefix} at {width}x{height}: widget rows do not fit: {problems}", stacklevel=1)
         nb.page.set_viewport_size({"width": 1280, "height": 800})
 
         slider = nb.js("window.minipaged.markFirstSlider()")

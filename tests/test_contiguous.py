@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from minipaged.attention.reference import varlen_attention
 from minipaged.kv.contiguous import (
     ArenaFullError,
     ContiguousKVCache,
     ContiguousStats,
     FirstFitArena,
-    ReservationExceededError,
 )
 
 

@@ -9,6 +9,7 @@ from modelkit import random_prompts
 
 from minipaged import LLM, SamplingParams
 from minipaged.engine.kv_manager import PagedKVManager
+from minipaged.utils import cdiv
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -171,6 +172,12 @@ def test_add_request_error_keeps_queued_requests(tiny_model_dir):
     assert [o.request_id for o in finished] == [rid]
 
 
+def test_reference_and_batched_backends_give_the_same_tokens(tiny_model_dir, prompts, alone):
+    for backend in ("reference", "torch"):
+        llm = LLM(tiny_model_dir, max_model_len=128, block_size=8, max_num_batched_tokens=20, attention_backend=backend)
+        assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+
+
 def test_triton_backend_gives_the_same_tokens(tiny_model_dir):
     """The engine on the Triton kernels (interpreter on CPU) equals the torch reference, with a
     mixed batch: chunked prefill, decode, preemption and prefix hits all go through the kernels."""
@@ -203,7 +210,7 @@ def test_random_mixes_never_lose_leak_or_double_hand_a_block(
     rng = random.Random(seed)
     prompts = random_prompts(rng.randint(1, 7), seed, min_len=1, max_len=20)
     params = [SamplingParams(temperature=0, max_tokens=rng.randint(1, 6), ignore_eos=True) for _ in prompts]
-    num_blocks = max(num_blocks, max(-(-(len(p) + sp.max_tokens) // block_size) for p, sp in zip(prompts, params)))
+    num_blocks = max(num_blocks, max(cdiv(len(p) + sp.max_tokens, block_size) for p, sp in zip(prompts, params)))
     llm = LLM(
         tiny_model_dir,
         max_model_len=32,

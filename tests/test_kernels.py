@@ -31,6 +31,7 @@ import torch
 
 from minipaged import kernels
 from minipaged.attention import reference
+from minipaged.utils import cdiv
 
 DEVICE = "cpu" if kernels.INTERPRET else "cuda"
 
@@ -88,7 +89,7 @@ def _tables(kind: str, ctx_lens: list[int], block_size: int, gen: torch.Generato
     need, from the top block down to block 0; repeated: ids drawn with replacement from 3
     blocks (blocks shared within and across sequences, as prefix sharing and copies do).
     """
-    need = [-(-n // block_size) for n in ctx_lens]
+    need = [cdiv(n, block_size) for n in ctx_lens]
     total = sum(need)
     if kind == "random":
         num_blocks = total + 5

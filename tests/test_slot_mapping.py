@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from minipaged.attention import reference
+from minipaged.attention.reference import store_kvcache
 from minipaged.generate import greedy_generate
 from minipaged.kv.block_table import padded_block_tables
-from minipaged.attention.reference import store_kvcache
 from minipaged.kv.slot_mapping import PagedKVCache, build_slot_mapping, slots_for
 from minipaged.model import load_model
 from minipaged.tiny.task import prompt_for

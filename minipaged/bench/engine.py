@@ -18,7 +18,6 @@ Every ratio is measured side by side in this one process.
 
 from __future__ import annotations
 
-import argparse
 import random
 import tempfile
 import time
@@ -29,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minipaged import LLM, SamplingParams
+from minipaged.bench import parser
 from minipaged.bench.step_timer import StepTimer
 from minipaged.tiny import task
 
@@ -179,8 +179,7 @@ def plot(paged: EngineRun, contiguous: EngineRun, budget: int, path: str) -> Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m minipaged bench engine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("engine", __doc__)
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="12 requests per workload: a smoke run, not the figures")

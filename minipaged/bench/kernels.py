@@ -15,7 +15,6 @@ and the shapes are small.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from functools import partial
@@ -23,7 +22,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from minipaged.attention import reference
+from minipaged.attention import batched, reference
+from minipaged.bench import parser
+from minipaged.utils import cdiv
 
 # Peak memory bandwidth in GB/s, matched by substring of torch.cuda.get_device_name() (first hit).
 PEAK_GBPS = {
@@ -74,7 +75,7 @@ def _make_case(op, num_seqs, q_len, ctx, num_heads, num_kv_heads, head_dim, bloc
     """A paged cache with each sequence's blocks scattered over the pool, the same K/V laid out
     contiguously ([num_seqs, num_kv_heads, ctx, head_dim]) for SDPA, and the queries."""
     gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = -(-ctx // block_size)
+    blocks_per_seq = cdiv(ctx, block_size)
     num_blocks = num_seqs * blocks_per_seq
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache = torch.randn(shape, generator=gen).to(dtype=dtype, device=device)
@@ -128,7 +129,7 @@ def run(device: str | None = None, quick: bool = False, peak_gbps: float | None 
         name = torch.cuda.get_device_name(torch.device(device))
         peak_gbps = peak_gbps or peak_gbps_for(name)
         print(f"device: {name}; peak bandwidth: {f'{peak_gbps:.0f} GB/s' if peak_gbps else 'unknown (--peak-gbps)'}")
-        if kernels.INTERPRET:
+        if kernels.interpreting(device):
             print("note: TRITON_INTERPRET is set, the Triton rows are interpreter timings")
     else:
         shapes, dtype, iters = (CPU_QUICK if quick else CPU_SHAPES), torch.float32, (1 if quick else 3)
@@ -144,10 +145,12 @@ def run(device: str | None = None, quick: bool = False, peak_gbps: float | None 
         if op == "decode":
             triton_fn = partial(kernels.paged_decode_attention, q, k_cache, v_cache, tables, ctx_lens)
             ref_fn = partial(reference.paged_decode_attention, q, k_cache, v_cache, tables, ctx_lens)
+            batched_fn = partial(batched.paged_decode_attention, q, k_cache, v_cache, tables, ctx_lens)
         else:
             args = (q, k_cache, v_cache, tables, cu, ctx_lens)
             triton_fn = partial(kernels.paged_prefill_attention, *args, max_q_len=q_len)
             ref_fn = partial(reference.paged_prefill_attention, *args)
+            batched_fn = partial(batched.paged_prefill_attention, *args)
         # prefill shapes have q_len == context_len, so SDPA's top-left causal mask is the right one
         sdpa_fn = _sdpa_fn(q, k_contig, v_contig, num_seqs, q_len, causal=op == "prefill")
         err = (triton_fn().float() - ref_fn().float()).abs().max().item()
@@ -155,7 +158,8 @@ def run(device: str | None = None, quick: bool = False, peak_gbps: float | None 
         elem = q.element_size()
         nbytes = 2 * num_seqs * ctx * num_kv_heads * head_dim * elem + 2 * q.numel() * elem
         shape = f"{num_seqs}x(q{q_len},ctx{ctx}) h{num_heads}/{num_kv_heads} d{head_dim} bs{block_size}"
-        for impl, fn in (("triton", triton_fn), ("torch-ref", ref_fn), ("sdpa-contig", sdpa_fn)):
+        impls = (("triton", triton_fn), ("torch-batched", batched_fn), ("torch-ref", ref_fn), ("sdpa-contig", sdpa_fn))
+        for impl, fn in impls:
             ms = _time_ms(fn, "cuda" if on_cuda else "cpu", iters)
             gbps = nbytes / (ms * 1e-3) / 1e9
             rows.append(
@@ -163,7 +167,7 @@ def run(device: str | None = None, quick: bool = False, peak_gbps: float | None 
                     op=op, impl=impl, shape=shape, num_seqs=num_seqs, q_len=q_len, context_len=ctx,
                     num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
                     dtype=str(dtype).removeprefix("torch."), device=device,
-                    interpreted=impl == "triton" and kernels.INTERPRET,
+                    interpreted=impl == "triton" and kernels.interpreting(device),
                     ms=ms, bytes=nbytes, gbps=gbps, peak_fraction=(gbps / peak_gbps) if peak_gbps else None,
                     max_abs_err=err if impl == "triton" else None,
                 )
@@ -184,7 +188,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m minipaged bench kernels", description=__doc__.split("\n\n")[0])
+    p = parser("kernels", __doc__)
     p.add_argument("--quick", action="store_true", help="fewer, smaller shapes and iterations")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth, GB/s (default: by GPU name)")

@@ -12,14 +12,12 @@ mean external fragmentation, preemptions.
 
 from __future__ import annotations
 
-import argparse
-
+from minipaged.bench import parser
 from minipaged.sim import simulate_contiguous_vs_paged, synthetic_trace
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m minipaged bench memory", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("memory", __doc__)
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--slots", type=int, default=4096)
     p.add_argument("--block-size", type=int, default=16)

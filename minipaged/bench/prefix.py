@@ -14,10 +14,10 @@
 
 from __future__ import annotations
 
-import argparse
 import random
 
 from minipaged import LLM, SamplingParams
+from minipaged.bench import parser
 from minipaged.tiny import task
 
 PAPER_PARALLEL_SAMPLING_SAVING = "6.1-9.8%"
@@ -63,8 +63,7 @@ def parallel_sampling(ns: list[int], prompt_len: int, max_tokens: int, block_siz
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m minipaged bench prefix", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("prefix", __doc__)
     p.add_argument("--model", default=None)
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--preamble", type=int, default=512, help="shared preamble length in tokens (bytes)")

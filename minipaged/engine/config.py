@@ -86,7 +86,7 @@ class EngineConfig:
                 f"{per_seq * block_bytes} bytes or lower max_model_len"
             )
         num = min(fit, self.max_num_seqs * per_seq)
-        why = "max_num_seqs x max_model_len" if num < fit else f"the {budget / 2**20:.0f} MiB budget"
+        why = "max_num_seqs x max_model_len" if num < fit else f"the {budget / 2**20:.1f} MiB budget"
         return num, f"{num} blocks x {self.block_size} tokens = {num * block_bytes / 2**20:.1f} MiB (limited by {why})"
 
 

@@ -40,8 +40,10 @@ def token_ids_of(prompt: object, index: int) -> list[int]:
         is_int = prompt.dtype.kind in "iu" if isinstance(prompt, np.ndarray) else not (
             prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool
         )
-        if prompt.ndim != 1 or not is_int:
-            raise TypeError(f"prompt {index}: an array prompt must be 1-D integer token ids, got {prompt.dtype}")
+        if prompt.ndim != 1:
+            raise ValueError(f"prompt {index}: an array prompt must be 1-D token ids, got shape {tuple(prompt.shape)}")
+        if not is_int:
+            raise TypeError(f"prompt {index}: an array prompt must hold integer token ids, got {prompt.dtype}")
         return [int(t) for t in prompt.tolist()]
     if not isinstance(prompt, (list, tuple)):
         raise TypeError(f"prompt {index} must be a string or a list of token ids, got {type(prompt).__name__}")

@@ -27,7 +27,14 @@ from minipaged.engine import inputs
 from minipaged.engine.config import EngineConfig
 from minipaged.engine.kv_manager import ContiguousKVManager, PagedKVManager
 from minipaged.engine.model_runner import ModelRunner
-from minipaged.engine.outputs import RequestOutput, StepSnapshot, describe_batch, kv_stats, request_output, take_snapshot
+from minipaged.engine.outputs import (
+    RequestOutput,
+    StepSnapshot,
+    describe_batch,
+    kv_stats,
+    request_output,
+    take_snapshot,
+)
 from minipaged.engine.sampler import sample
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.engine.scheduler import Scheduler

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from minipaged.kv.allocator import BlockPool
+from minipaged.utils import cdiv
 
 
 class BlockTable:
@@ -40,7 +41,7 @@ class BlockTable:
 
     def num_blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     def slots_needed(self, num_tokens: int) -> int:
         """Slots that ``num_tokens`` tokens occupy, the unused tail of the last block included."""

@@ -13,6 +13,7 @@ from minipaged.kv.allocator import BlockPool, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ArenaFullError, FirstFitArena
 from minipaged.sim.traces import Request
+from minipaged.utils import cdiv
 
 
 class _Replay(ABC):
@@ -175,7 +176,7 @@ def simulate_contiguous_vs_paged(
     if too_long:
         raise ValueError(f"requests {too_long[:5]} exceed max_seq_len {max_seq_len}")
     num_blocks = num_slots // block_size
-    if max_seq_len > num_slots or -(-max_seq_len // block_size) > num_blocks:
+    if max_seq_len > num_slots or cdiv(max_seq_len, block_size) > num_blocks:
         raise ValueError(f"one max_seq_len ({max_seq_len}) request must fit in {num_slots} slots")
     systems = {"contiguous": _ContiguousReplay(num_slots, max_seq_len, reserve),
                "paged": _PagedReplay(num_blocks, block_size)}

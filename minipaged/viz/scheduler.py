@@ -307,7 +307,7 @@ def draw_kv_usage(
     ax.set_xlabel("engine step")
     ax.set_ylabel("KV slots")
     ax.set_ylim(0, 1.08 * max([capacity or 0] + [int(d["slots_allocated"]) for _, s in runs for d in s] + [1]))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
     ax.set_title(title or "KV memory over time, same budget", loc="left")
     if running:
         ax_r = axes[0, 1]
@@ -317,8 +317,8 @@ def draw_kv_usage(
         ax_r.set_xlabel("engine step")
         ax_r.set_ylabel("sequences")
         ax_r.set_ylim(bottom=0)
-        for axis in (ax_r.xaxis, ax_r.yaxis):
-            axis.set_major_locator(MaxNLocator(integer=True))
+        ax_r.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+        ax_r.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole sequences: no "17.5"
         ax_r.set_title("running sequences", loc="left")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, frameon=False,
                fontsize=SMALL + 2)

@@ -100,32 +100,37 @@ window.minipaged = {
     }));
   },
 
-  // How the outermost widget boxes fit the notebook: anything wider than the output area,
-  // labels cut short, slider tracks squeezed below 60 px.
+  // How the outermost widget boxes fit the notebook: what reaches past the output area's right
+  // edge (and whether the output scrolls sideways), labels cut short, slider tracks under 60 px.
   widgetFit() {
     const rect = (el) => el.getBoundingClientRect();
-    const notebook = rect(this.panel().querySelector(".jp-Notebook"));
+    const notebookRight = rect(this.panel().querySelector(".jp-Notebook")).right;
     const boxes = Array.from(this.panel().querySelectorAll(".jp-OutputArea-output .widget-box"))
       .filter((box) => !box.parentElement.closest(".widget-box"));
     return boxes.map((box) => {
-      const area = rect(box.closest(".jp-OutputArea-output"));
-      const right = Math.min(area.right, notebook.right);
-      const sticking = Array.from(box.querySelectorAll("*"))
-        .filter((el) => rect(el).width > 0 && rect(el).right > right + 1)
-        .map((el) => `${el.className.baseVal ?? el.className} ends at ${Math.round(rect(el).right)}`);
-      const cut = Array.from(box.querySelectorAll(".widget-label, .widget-readout, .widget-html-content"))
-        .filter((el) => el.scrollWidth > el.clientWidth + 1)
-        .map((el) => `"${el.innerText.slice(0, 40)}" ${el.clientWidth}/${el.scrollWidth} px`);
-      const tracks = Array.from(box.querySelectorAll(".noUi-target"), (el) => Math.round(rect(el).width));
-      return {
-        first: (box.querySelector(".widget-label")?.innerText ?? box.innerText).slice(0, 30),
-        box_right: Math.round(rect(box).right),
-        output_scrolls_px: box.closest(".jp-OutputArea-output").scrollWidth - box.closest(".jp-OutputArea-output").clientWidth,
-        output_right: Math.round(right),
-        sticking_out: sticking.slice(0, 5),
-        labels_cut: cut,
-        slider_tracks_px: tracks,
-      };
+      const output = box.closest(".jp-OutputArea-output");
+      const right = Math.min(rect(output).right, notebookRight);
+      const problems = [];
+      for (const el of box.querySelectorAll("*")) {
+        const over = Math.round(rect(el).right - right);
+        if (rect(el).width > 0 && over > 1 && !el.parentElement.closest("[data-minipaged-over]")) {
+          el.setAttribute("data-minipaged-over", "");
+          problems.push(`${String(el.className.baseVal ?? el.className).split(" ").pop()} ${over} px past the edge`);
+        }
+      }
+      box.querySelectorAll("[data-minipaged-over]").forEach((el) => el.removeAttribute("data-minipaged-over"));
+      if (output.scrollWidth > output.clientWidth) problems.push("the output scrolls sideways");
+      for (const el of box.querySelectorAll(".widget-label, .widget-readout, .widget-html-content")) {
+        if (el.scrollWidth > el.clientWidth + 1) {
+          problems.push(`"${el.innerText.slice(0, 40)}" cut: ${el.clientWidth} of ${el.scrollWidth} px`);
+        }
+      }
+      for (const el of box.querySelectorAll(".noUi-target")) {
+        const label = el.closest(".widget-slider")?.querySelector(".widget-label")?.innerText ?? "";
+        if (rect(el).width < 60) problems.push(`slider "${label}" track ${Math.round(rect(el).width)} px`);
+      }
+      const first = box.querySelector(".widget-label")?.innerText ?? box.innerText;
+      return { box: first.slice(0, 30), problems };
     });
   },
 };
