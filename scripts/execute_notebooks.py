@@ -96,22 +96,22 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU, as the committed outputs were made; inherited by kernels
     failed = 0
     for i, path in enumerate(paths, 1):
-        print(f"[{i}/{len(paths)}] {path.name} ...", end=" ", flush=True)
+        head = f"[{i}/{len(paths)}] {path.name}:"
+        print(f"{head} running (timeout {args.timeout:.0f} s)", flush=True)
         start = time.monotonic()
         try:
             nb, pictures = execute(path, args.timeout, args.kernel)
-        except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
+        except Exception as e:  # a cell's error, the time limit (cancelling may surface as "Kernel died")
             failed += 1
-            print(f"TIMED OUT after {args.timeout:.0f} s; left unchanged", flush=True)
-            continue
-        except Exception as e:  # nbclient's CellExecutionError, a dead kernel: report, go on
-            failed += 1
-            print(f"FAILED after {time.monotonic() - start:.0f} s; left unchanged:\n{e}", flush=True)
+            elapsed = time.monotonic() - start
+            timed_out = elapsed >= args.timeout
+            why = f"TIMED OUT ({args.timeout:.0f} s)" if timed_out else f"FAILED after {elapsed:.0f} s:\n{e}"
+            print(f"{head} {why}; left unchanged", flush=True)
             continue
         target = args.out / path.name if args.out else path
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, target)
-        print(f"ok in {time.monotonic() - start:.0f} s, {pictures} widget pictures -> {target}", flush=True)
+        print(f"{head} ok in {time.monotonic() - start:.0f} s, {pictures} widget pictures -> {target}", flush=True)
     return failed
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,8 @@ LAYERS: list[tuple[str, list[str]]] = [
 ]
 # Box titles other than "name/" (a sub-package) or "name.py" (a top-level module).
 NODE_TITLES = {"__main__": "__main__.py  (the CLI)", "__init__": "__init__.py  (the public API)"}
+MODULES_HEADER = "# modules"
+BOXES_HEADER = "# top-level modules: the first line of their docstring, drawn in their box"
 EDGES_HEADER = "# imports: importer -> imported [kinds, when not only a module-level import]"
 
 
@@ -228,12 +231,16 @@ def edge_kinds(imports: list[Import]) -> dict[tuple[str, str], set[str]]:
 
 def graph_text(src_root: Path = ROOT, package: str = PACKAGE) -> str:
     """The modules and the module-level edges, one per line: what the picture is drawn from."""
+    files = source_files(src_root, package)
     lines = [
         "# The import graph of minipaged, written by scripts/import_graph.py from the code: do not edit.",
         "# Refresh with: python scripts/import_graph.py",
         "",
-        "# modules",
-        *sorted(source_files(src_root, package)),
+        MODULES_HEADER,
+        *sorted(files),
+        "",
+        BOXES_HEADER,
+        *[f"{node_of(m, package)}: {_summary(p)}" for m, p in sorted(files.items()) if p.parent == src_root / package],
         "",
         EDGES_HEADER,
     ]
@@ -241,6 +248,17 @@ def graph_text(src_root: Path = ROOT, package: str = PACKAGE) -> str:
         shown = "" if kinds == {"module"} else f" [{', '.join(sorted(kinds, key=KINDS.index))}]"
         lines.append(f"{a} -> {b}{shown}")
     return "\n".join(lines) + "\n"
+
+
+def _summary(path: Path) -> str:
+    """The first line of a module's docstring, without reStructuredText markup."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return re.sub(r":\w+:`~?([^`]+)`|``([^`]+)``", lambda m: m[1] or m[2], doc.split("\n")[0])
+
+
+def _section(text: str, header: str) -> list[str]:
+    """The lines under ``header`` in :func:`graph_text`'s output, up to the next blank line."""
+    return text.split(header + "\n", 1)[1].split("\n\n", 1)[0].splitlines()
 
 
 def digest(text: str) -> str:
@@ -251,104 +269,91 @@ DIGEST_PREFIX = "import graph sha256: "
 
 
 # -- the picture -----------------------------------------------------------------------------------
-def _rank() -> dict[str, int]:
-    """Box -> row, 0 at the bottom."""
-    order = [node for _, nodes in LAYERS for node in reversed(nodes)]
-    return {node: i for i, node in enumerate(order)}
+def _boxes(text: str, package: str) -> tuple[dict[str, list[str]], dict[str, str], dict[tuple[str, str], list[str]]]:
+    """From :func:`graph_text`'s output: box -> its modules, box -> its summary line, and
+    (importer box, imported box) -> the module imports behind that arc, as ``"a -> b (kinds)"``."""
+    members: dict[str, list[str]] = {}
+    for m in _section(text, MODULES_HEADER):
+        members.setdefault(node_of(m, package), []).append(m)
+    summaries = dict(line.split(": ", 1) for line in _section(text, BOXES_HEADER))
+    arcs: dict[tuple[str, str], list[str]] = {}
+    for line in _section(text, EDGES_HEADER):
+        pair, _, kinds = line.partition(" [")
+        a, b = pair.split(" -> ")
+        if node_of(a, package) != node_of(b, package):
+            short = f"{a.rpartition('.')[2]} -> {b.rpartition('.')[2]}"
+            arcs.setdefault((node_of(a, package), node_of(b, package)), []).append(
+                f"{short} ({kinds.rstrip(']') or 'module'})")
+    return members, summaries, arcs
 
 
-def draw(text: str, package: str = PACKAGE, src_root: Path = ROOT):
-    """The picture of the graph: a matplotlib Figure."""
-    import matplotlib
+def _ports(arcs, rank: dict[str, int], y_of: dict[str, float], box_h: float) -> dict[tuple[str, str, str], float]:
+    """Where each arc meets a box's side: spread out so that arcs nest instead of crossing.
 
-    matplotlib.use("Agg")
+    Bottom to top along a side: the arcs to boxes below, nearest first, then those to boxes
+    above, farthest first. Keys: (box, importer, imported).
+    """
+    ports = {}
+    for node in rank:
+        for side in ("down", "up"):
+            ends = [(a, b) for a, b in arcs if node in (a, b) and (rank[a] > rank[b]) == (side == "down")]
+            other = {e: rank[e[1] if e[0] == node else e[0]] - rank[node] for e in ends}  # < 0: below
+            ends.sort(key=lambda e: (other[e] > 0, -other[e]))
+            for k, e in enumerate(ends):
+                ports[(node, *e)] = y_of[node] - box_h / 2 + (k + 1) / (len(ends) + 1) * box_h
+    return ports
+
+
+def draw(text: str, package: str = PACKAGE):
+    """The picture of the graph :func:`graph_text` describes: a matplotlib ``Figure``."""
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
     from matplotlib.path import Path as MPath
 
-    modules = [line for line in text.split("# modules\n")[1].split("\n\n")[0].splitlines()]
-    edges: dict[tuple[str, str], set[str]] = {}
-    for line in text.split(EDGES_HEADER + "\n")[1].splitlines():
-        pair, _, kinds = line.partition(" [")
-        a, b = pair.split(" -> ")
-        kinds_set = set(kinds.rstrip("]").split(", ")) if kinds else {"module"}
-        na, nb = node_of(a, package), node_of(b, package)
-        if na != nb:
-            edges.setdefault((na, nb), set()).update(kinds_set)
-    members: dict[str, list[str]] = {}
-    for m in modules:
-        members.setdefault(node_of(m, package), []).append(m)
-
-    rank = _rank()
+    members, summaries, arcs = _boxes(text, package)
+    order = [node for _, nodes in LAYERS for node in reversed(nodes)]  # bottom to top
+    rank = {node: i for i, node in enumerate(order)}
     row_h, box_h, box_w, x0 = 0.62, 0.46, 6.2, 1.9
+    y_of = {node: r * row_h for node, r in rank.items()}
     height = row_h * len(rank) + 1.5
     fig = Figure(figsize=(14.0, height))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(-2.6, 11.4)
     ax.set_ylim(-0.75, height - 0.75)
     ax.axis("off")
-    y_of = {node: r * row_h for node, r in rank.items()}
-    layer_colors = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#8C6D31", "#555555"]
-    color_of = {}
+    # one colour per box, shared by the arcs leaving it; red is kept for arcs that point up
+    colors = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#8C6D31", "#332288", "#117733", "#882255",
+              "#44AA99", "#999933", "#AA4499", "#661100", "#6699CC"]
+    color_of = {node: colors[i % len(colors)] for i, node in enumerate(reversed(order))}
 
-    # layer bands and their names
-    for i, (label, nodes) in enumerate(LAYERS):
-        ys = [y_of[n] for n in nodes]
-        lo, hi = min(ys) - row_h / 2, max(ys) + row_h / 2
-        ax.add_patch(Rectangle((-2.5, lo + 0.02), 13.8, hi - lo - 0.04, color="#F2F2F2" if i % 2 else "#FAFAFA",
-                               zorder=0))
-        ax.text(-2.4, (lo + hi) / 2, label, va="center", ha="left", fontsize=11, fontweight="bold", color="#333333")
-        for n in nodes:
-            color_of[n] = layer_colors[i]
+    for i, (label, nodes) in enumerate(LAYERS):  # layer bands and their names
+        lo, hi = min(y_of[n] for n in nodes) - row_h / 2, max(y_of[n] for n in nodes) + row_h / 2
+        ax.add_patch(Rectangle((-2.5, lo + 0.02), 13.8, hi - lo - 0.04, color="#F2F2F2" if i % 2 else "#FAFAFA"))
+        ax.text(-2.4, (lo + hi) / 2, label, va="center", fontsize=11, fontweight="bold", color="#333333")
 
-    # the boxes: the sub-package's name, then its modules
-    for node, y in y_of.items():
+    for node, y in y_of.items():  # a box: the sub-package and its modules, or a module and its summary
         ax.add_patch(FancyBboxPatch((x0, y - box_h / 2), box_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.06",
                                     facecolor="white", edgecolor=color_of[node], linewidth=1.8, zorder=2))
-        mods = members.get(node, [])
-        is_pkg = any(m.count(".") > 1 for m in mods)
-        title = f"{node}/" if is_pkg else NODE_TITLES.get(node, f"{node}.py")
-        ax.text(x0 + 0.1, y + 0.08, title, va="center", ha="left", fontsize=10.5, fontweight="bold", zorder=3)
-        if is_pkg:
-            names = [m.rsplit(".", 1)[1] for m in mods if m.count(".") > 1]
-            ax.text(x0 + 0.1, y - 0.12, " · ".join(names), va="center", ha="left", fontsize=8, color="#333333",
-                    zorder=3)
+        inside = [m.rsplit(".", 1)[1] for m in members.get(node, []) if m.count(".") > 1]
+        title = f"{node}/" if inside else NODE_TITLES.get(node, f"{node}.py")
+        ax.text(x0 + 0.1, y + 0.08, title, va="center", fontsize=10.5, fontweight="bold", zorder=3)
+        ax.text(x0 + 0.1, y - 0.12, " · ".join(inside) if inside else summaries.get(node, ""), va="center",
+                fontsize=8, color="#333333", zorder=3)
 
-    # Ports: a box's arcs meet its side spread out so that they nest instead of crossing: bottom
-    # to top, the arcs to boxes below, nearest first, then those to boxes above, farthest first.
-    down = {e for e in edges if rank[e[0]] > rank[e[1]]}
-    up = set(edges) - down
-    ports: dict[tuple[str, str, str], float] = {}
-    for side, group in (("right", down), ("left", up)):
-        for node in rank:
-            ends = [(e, e[1] if e[0] == node else e[0]) for e in group if node in e]
-            ends.sort(key=lambda t: (0, rank[node] - rank[t[1]]) if rank[t[1]] < rank[node]
-                      else (1, rank[node] - rank[t[1]]))
-            for k, (e, _) in enumerate(ends):
-                frac = (k + 1) / (len(ends) + 1)
-                ports[(side, node, f"{e[0]}>{e[1]}")] = y_of[node] - box_h / 2 + frac * box_h
-
-    def arc(e: tuple[str, str], side: str) -> None:
-        a, b = e
-        key = f"{a}>{b}"
-        ya, yb = ports[(side, a, key)], ports[(side, b, key)]
-        span = abs(rank[a] - rank[b])
-        if side == "right":
-            x, bulge = x0 + box_w, 0.25 + 0.29 * span
-        else:
-            x, bulge = x0, -(0.25 + 0.12 * span)
-        kinds = edges[e]
-        style = "-" if "module" in kinds else ("--" if "function" in kinds else ":")
-        color = "#C00000" if side == "left" else color_of[a]
-        path = MPath([(x, ya), (x + bulge, ya), (x + bulge, yb), (x, yb)],
-                     [MPath.MOVETO, MPath.CURVE4, MPath.CURVE4, MPath.CURVE4])
+    ports = _ports(arcs, rank, y_of, box_h)
+    for (a, b), imports in sorted(arcs.items(), key=lambda kv: -abs(rank[kv[0][0]] - rank[kv[0][1]])):
+        up, span = rank[a] < rank[b], abs(rank[a] - rank[b])
+        x, bulge = (x0, -(0.25 + 0.12 * span)) if up else (x0 + box_w, 0.25 + 0.29 * span)
+        ya, yb = ports[(a, a, b)], ports[(b, a, b)]
+        kinds = " ".join(imports)
+        style = "-" if "(module" in kinds else ("--" if "(function" in kinds else ":")
+        color = "#C00000" if up else color_of[a]
+        path = MPath([(x, ya), (x + bulge, ya), (x + bulge, yb), (x, yb)], [MPath.MOVETO] + [MPath.CURVE4] * 3)
         ax.add_patch(FancyArrowPatch(path=path, arrowstyle="-|>,head_length=5,head_width=2.6", color=color,
                                      linestyle=style, linewidth=1.3, zorder=1, shrinkA=0, shrinkB=0))
-
-    for e in sorted(down, key=lambda e: -abs(rank[e[0]] - rank[e[1]])):
-        arc(e, "right")
-    for e in sorted(up):
-        arc(e, "left")
+        if up:  # the exceptions: say which modules reach up
+            ax.text(x + 0.75 * bulge - 0.08, (ya + yb) / 2, "\n".join(imports), ha="right", va="center",
+                    fontsize=8, color=color)
 
     top = height - 0.75
     ax.text(-2.4, top - 0.25, f"The import graph of {package}/, read from the code by scripts/import_graph.py",
@@ -364,7 +369,7 @@ def write(src_root: Path = ROOT, package: str = PACKAGE) -> str:
     """Write the text, the SVG and the PNG; returns the text."""
     text = graph_text(src_root, package)
     OUTPUTS["txt"].write_text(text, encoding="utf-8")
-    fig = draw(text, package, src_root)
+    fig = draw(text, package)
     import matplotlib
 
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "minipaged"}):
@@ -376,12 +381,17 @@ def write(src_root: Path = ROOT, package: str = PACKAGE) -> str:
 def stale(src_root: Path = ROOT, package: str = PACKAGE) -> list[str]:
     """Why the committed files do not match the code (empty when they do)."""
     text = graph_text(src_root, package)
+    txt, svg = OUTPUTS["txt"], OUTPUTS["svg"]
     problems = []
-    if not OUTPUTS["txt"].exists() or OUTPUTS["txt"].read_text(encoding="utf-8") != text:
-        problems.append(f"{OUTPUTS['txt'].relative_to(ROOT)} differs from the code's imports")
-    if not OUTPUTS["svg"].exists() or DIGEST_PREFIX + digest(text) not in OUTPUTS["svg"].read_text(encoding="utf-8"):
-        problems.append(f"{OUTPUTS['svg'].relative_to(ROOT)} was drawn from another graph")
+    if not txt.exists() or txt.read_text(encoding="utf-8") != text:
+        problems.append(f"{_shown(txt)} differs from the code's imports")
+    if not svg.exists() or DIGEST_PREFIX + digest(text) not in svg.read_text(encoding="utf-8"):
+        problems.append(f"{_shown(svg)} was drawn from another graph")
     return problems
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             print("refresh with: python scripts/import_graph.py")
         return 1 if problems else 0
     text = write()
-    print(f"wrote {', '.join(str(p.relative_to(ROOT)) for p in OUTPUTS.values())}: "
+    print(f"wrote {', '.join(_shown(p) for p in OUTPUTS.values())}: "
           f"{text.count(' -> ')} module-to-module imports")
     return 0
 

@@ -53,9 +53,9 @@ def browser_context(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
     root = tmp_path_factory.mktemp("notebooks")
+    (root / "committed").mkdir()
     for path in NOTEBOOKS.glob("0*.ipynb"):
         nb = nbformat.read(path, as_version=4)
-        (root / "committed").mkdir(exist_ok=True)
         nbformat.write(nb, root / "committed" / path.name)  # as a fresh clone has it: untrusted
         for cell in nb.cells:  # and un-run, so that each prompt shows when its cell has run
             if cell.cell_type == "code":
@@ -126,12 +126,13 @@ def test_committed_widget_outputs_carry_a_static_picture():
 def test_unrun_notebook_shows_its_widget_pictures(browser_context, prefix):
     """A fresh clone's notebook is untrusted: JupyterLab shows each widget output's static picture."""
     lab, context = browser_context
-    committed = nbformat.read(notebook(prefix), as_version=4)
+    name = f"committed/{notebook(prefix).name}"
+    committed = nbformat.read(lab.root / name, as_version=4)
     cells = widget_cells(committed)
     assert cells, f"{prefix}: the committed notebook displays no widget (was it saved un-run?)"
     pictures = [sum("image/png" in out.get("data", {}) or WIDGET_VIEW in out.get("data", {})
                     for out in committed.cells[i].outputs) for i in cells]
-    nb = NotebookPage(context, lab, f"committed/{notebook(prefix).name}")
+    nb = NotebookPage(context, lab, name)
     try:
         shown = nb.js(f"""{json.dumps(cells)}.map((i) => {{
             const cell = window.minipaged.panel().querySelectorAll('.jp-Cell')[i];

@@ -1,35 +1,117 @@
-"""The command line: ``python -m minipaged demo | eval | bench ...`` prints its figures."""
+"""The command line, ``python -m minipaged demo | eval | bench ... | animate ...``: parsing, help, dispatch.
+
+The benches' own figures are tested in ``tests/test_bench.py``; the animations in
+``tests/test_animate.py``.
+"""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 
-from minipaged.__main__ import main
+from minipaged.__main__ import BENCHES, main
+
+COMMANDS = ["demo", "eval", "bench", "animate"]
+
+
+def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``main(argv)``; 0 when it returns normally."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv", [[], *([c] for c in COMMANDS), *(["bench", b] for b in BENCHES)],
+                         ids=lambda a: " ".join(a) or "top")
+def test_help_exits_0_and_prints_usage(argv, capsys):
+    code, out, _ = run_main([*argv, "--help"], capsys)
+    assert code == 0
+    prog = " ".join(["python -m minipaged", *argv])
+    assert out.startswith(f"usage: {prog}"), out[:200]
+    assert "--help" in out
+
+
+def test_top_level_help_lists_every_command(capsys):
+    _, out, _ = run_main(["--help"], capsys)
+    for command in COMMANDS:
+        assert command in out
+
+
+def test_bench_help_names_every_bench(capsys):
+    _, out, _ = run_main(["bench", "--help"], capsys)
+    for bench in BENCHES:
+        assert bench in out
+
+
+@pytest.mark.parametrize("bench", BENCHES)
+def test_bench_help_is_plain_text(bench, capsys):
+    """A bench's ``--help`` shows its docstring without reStructuredText markup."""
+    _, out, _ = run_main(["bench", bench, "--help"], capsys)
+    assert "``" not in out
+    assert not re.search(r":(func|mod|class|meth|data|attr):`", out), out
+    assert "**" not in out
+    assert len(out.splitlines()) > 8, "the help shows what the bench measures, not only its options"
+
+
+BAD = {
+    "no command": [],
+    "unknown command": ["serve"],
+    "unknown bench": ["bench", "latency"],
+    "bench without a name": ["bench"],
+    "unknown demo option": ["demo", "--bogus"],
+    "zero prompts": ["demo", "--num-prompts", "0"],
+    "not a number": ["demo", "--num-prompts", "many"],
+    "animate without --out": ["animate", "prefix"],
+    "unknown animation": ["animate", "movie", "--out", "x.gif"],
+    "unknown bench option": ["bench", "memory", "--bogus"],
+    "bench option not a number": ["bench", "memory", "--requests", "lots"],
+}
+
+
+@pytest.mark.parametrize("argv", BAD.values(), ids=BAD.keys())
+def test_bad_arguments_exit_2_with_usage(argv, capsys):
+    code, out, err = run_main(argv, capsys)
+    assert code == 2
+    assert "usage: python -m minipaged" in err
+    assert "error:" in err
+    assert out == ""
+
+
+def test_runs_as_a_module():
+    """``python -m minipaged`` is the entry point (``minipaged/__main__.py``)."""
+    done = subprocess.run([sys.executable, "-m", "minipaged", "bench", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m minipaged bench")
+    done = subprocess.run([sys.executable, "-m", "minipaged", "serve"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "invalid choice: 'serve'" in done.stderr
+
+
+def test_bench_options_reach_the_bench(capsys):
+    """``bench memory --requests N ...`` hands its options to the bench, which prints its table."""
+    code, out, _ = run_main(["bench", "memory", "--requests", "12", "--slots", "1024", "--max-seq-len", "128"],
+                            capsys)
+    assert code == 0
+    assert "trace: 12 requests (seed 0)" in out and "max_seq_len 128; 1024 KV slots each" in out
+    assert "paged, 64 blocks of 16" in out
 
 
 def test_demo_serves_the_embedded_model(capsys):
-    main(["demo", "--num-prompts", "6"])
-    out = capsys.readouterr().out
+    code, out, _ = run_main(["demo", "--num-prompts", "6"], capsys)
+    assert code == 0
     assert "6/6 completions exact" in out
     assert "from the prefix cache" in out and "paged allocates" in out
 
 
-def test_bench_memory_prints_the_comparison(capsys):
-    main(["bench", "memory", "--requests", "40", "--slots", "2048", "--max-seq-len", "256"])
-    out = capsys.readouterr().out
-    lines = {line.split("  ")[0]: line for line in out.splitlines()}
-    assert "paged, 128 blocks of 16" in lines and "contiguous, reserve max_seq_len" in lines
-
-
-def test_bench_prefix_meets_the_sharing_targets(capsys):
-    """16 requests sharing a 512-token preamble: prefill tokens and peak blocks both fall by > 85%."""
-    from minipaged.bench.prefix import shared_preamble
-
-    f = shared_preamble(num_requests=16, preamble_len=512, block_size=16, seed=3)
-    assert 1 - f[True]["prefill"] / f[False]["prefill"] > 0.85
-    assert 1 - f[True]["peak_blocks"] / f[False]["peak_blocks"] > 0.85
-
-
-def test_unknown_command_is_rejected():
-    with pytest.raises(SystemExit):
-        main(["serve"])
+def test_eval_reports_exact_completions(capsys):
+    code, out, _ = run_main(["eval", "--num-cases", "4"], capsys)
+    assert code == 0
+    assert "embedded model: 4/4 exact completions (100.0%)" in out

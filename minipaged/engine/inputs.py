@@ -34,6 +34,16 @@ def as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
     return list(prompts)
 
 
+def as_params_list(params: SamplingParams | Seq[SamplingParams] | None, num_prompts: int) -> list[SamplingParams]:
+    """One SamplingParams for all prompts (None: the defaults), or one per prompt."""
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(f"{len(params)} sampling params for {num_prompts} prompts")
+    return params
+
+
 def token_ids_of(prompt: object, index: int) -> list[int]:
     """The ids of a token-id prompt, as Python ints; TypeError for anything that is not integer ids."""
     if isinstance(prompt, (np.ndarray, torch.Tensor)):

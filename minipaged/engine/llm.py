@@ -121,12 +121,7 @@ class LLM:
         request_ids = []
         for (text, ids), sp in zip(encoded, params):
             rid = next(self._request_ids)
-            if paged:  # n samples fork after the prompt, sharing its blocks
-                seqs = [Sequence(rid, ids, sp, self.block_size)]
-            else:  # no sharing: each sample is a sequence of its own from the start
-                seqs = [Sequence(rid, ids, sp, self.block_size, sample_index=i) for i in range(sp.n)]
-                for s in seqs:
-                    s.fork_pending = False
+            seqs = Sequence.for_request(rid, ids, sp, self.block_size, fork_later=paged)
             for s in seqs:
                 self.scheduler.add(s)
             self._requests[rid] = (text, ids, seqs)
@@ -204,14 +199,9 @@ class LLM:
         aborted and their blocks freed: the engine stays usable.
         """
         prompts = inputs.as_prompt_list(prompts)
+        params = inputs.as_params_list(sampling_params, len(prompts))
         if not prompts:
             return []
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         if self.has_unfinished_requests():
             raise RuntimeError("generate() needs an idle engine; finish or abort the requests added with add_request")
         ids = self._add_many(prompts, params)

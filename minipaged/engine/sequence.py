@@ -55,6 +55,20 @@ class Sequence:
             # One stream per (request seed, sample): independent of batching and preemption.
             self.generator = torch.Generator().manual_seed((params.seed * 1_000_003 + sample_index) % 2**64)
 
+    @classmethod
+    def for_request(
+        cls, request_id: int, prompt_token_ids: list[int], params: SamplingParams, block_size: int, fork_later: bool
+    ) -> list[Sequence]:
+        """The sequences of one request. With ``fork_later`` (a paged cache) the ``n`` samples start
+        as one sequence that forks once the prompt is computed, sharing its blocks; otherwise
+        (nothing can be shared) each sample is a sequence of its own from the start."""
+        if fork_later:
+            return [cls(request_id, prompt_token_ids, params, block_size)]
+        seqs = [cls(request_id, prompt_token_ids, params, block_size, sample_index=i) for i in range(params.n)]
+        for s in seqs:
+            s.fork_pending = False
+        return seqs
+
     def __len__(self) -> int:
         return len(self.token_ids)
 

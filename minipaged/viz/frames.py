@@ -96,11 +96,6 @@ def seq_names(snapshots: Sequence[StepSnapshot], request_name: Callable[[int], s
     return names
 
 
-def _computed_before(work: dict) -> int:
-    """Tokens a scheduled sequence had in the cache before the step (for a newly admitted one: its prefix hit)."""
-    return work["num_computed_tokens"] if "num_computed_tokens" in work else work["num_cached_tokens"]
-
-
 def _live(snap: StepSnapshot) -> list[int]:
     return list(snap.running) + [s for s in snap.waiting if s not in snap.running]
 
@@ -126,7 +121,7 @@ def step_events(prev: StepSnapshot | None, snap: StepSnapshot, block_size: int) 
         if seq not in prev_tables:
             ev.admitted.append(seq)
             work = scheduled[seq]
-            n_hit = _computed_before(work) // block_size if work["kind"] == "prefill" else 0
+            n_hit = work["num_computed_tokens"] // block_size  # a newly admitted sequence's prefix hit if work["kind"] == "prefill" else 0
             if n_hit:
                 ev.hits[seq] = table[:n_hit]
                 ev.revived += [b for b in table[:n_hit] if prev_ref[b] == 0 and b not in ev.revived]

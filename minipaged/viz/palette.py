@@ -107,9 +107,7 @@ def owner_color(k: int) -> str:
     return SEQUENCE_COLORS[k % len(SEQUENCE_COLORS)]
 
 
-def step_color(step: int) -> str:
-    """The colour of loop step ``step`` of a kernel's walk (stage 4)."""
-    return SEQUENCE_COLORS[step % len(SEQUENCE_COLORS)]
+step_color = owner_color  # the loop steps of a kernel's walk (stage 4) take the same colours in order
 
 
 def _natural_key(owner: Hashable) -> tuple:

@@ -120,9 +120,13 @@ class NotebookPage:
         self.lab, self.name, self.timeout_ms = lab, name, timeout_ms
         self.page = context.new_page()
         self.page.add_init_script(JS)
-        self.page.goto(lab.notebook_url(name), timeout=timeout_ms)
         num_cells = len(json.loads((lab.root / name).read_text())["cells"])
-        self.wait_for(f"window.minipaged.ready({num_cells})", "the notebook to open and its kernel to start")
+        try:
+            self.page.goto(lab.notebook_url(name), timeout=timeout_ms)
+            self.wait_for(f"window.minipaged.ready({num_cells})", "the notebook to open and its kernel to start")
+        except Exception:
+            self.close()
+            raise
 
     def js(self, expression: str):
         """Evaluate a JS expression (awaited if it is a promise) in the page."""
@@ -138,7 +142,8 @@ class NotebookPage:
 
     def run_all_cells(self, timeout_ms: int) -> None:
         """Run > Run All Cells, then wait until every code cell has run (or one has failed)."""
-        self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").first.click()  # the current notebook
+        # Select a cell (by its prompt, not its text: a link there would navigate) so the notebook is current.
+        self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell .jp-InputPrompt").first.click()
         self.page.get_by_role("menuitem", name="Run", exact=True).click()
         self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
         self.wait_for("window.minipaged.runStarted()", "Run All Cells to start")

@@ -113,7 +113,8 @@ window.minipaged = {
       const problems = [];
       for (const el of box.querySelectorAll("*")) {
         const over = Math.round(rect(el).right - right);
-        if (rect(el).width > 0 && over > 1 && !el.parentElement.closest("[data-minipaged-over]")) {
+        // > 2 px: an Image of width 100% sticks out by its 2 px margin, an ipywidgets default.
+        if (rect(el).width > 0 && over > 2 && !el.parentElement.closest("[data-minipaged-over]")) {
           el.setAttribute("data-minipaged-over", "");
           problems.push(`${String(el.className.baseVal ?? el.className).split(" ").pop()} ${over} px past the edge`);
         }
