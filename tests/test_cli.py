@@ -90,9 +90,6 @@ def test_runs_as_a_module():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m minipaged bench")
-    done = subprocess.run([sys.executable, "-m", "minipaged", "serve"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert "invalid choice: 'serve'" in done.stderr
 
 
 def test_bench_options_reach_the_bench(capsys):

@@ -93,6 +93,8 @@ def test_pool_owners_alive_together_get_different_colours():
     fig = draw_pool([1, 1, 1, 0], owners={0: 5, 1: 17, 2: 29}, inks=inks)
     assert matplotlib.colors.to_hex(patches(fig, "block")[2].get_facecolor()) == "#abcdef"
     assert patches(fig, "block")[2].get_hatch() == "xx"
+    with pytest.raises(ValueError, match="no colour for owners \\[29\\]"):
+        draw_pool([1, 1, 1, 0], owners={0: 5, 1: 17, 2: 29}, inks={5: inks[5], 17: inks[17]})
 
 
 def test_block_tables_seed_example(seed_example):

@@ -204,4 +204,4 @@ def simulate_contiguous_vs_paged(
             "token_utilization": sum(s.series["used_slots"]) / max(sum(s.series["allocated_slots"]), 1),
             "final_allocated_slots": s.series["allocated_slots"][-1] if time else 0,
         }
-    return {"time": time, **{name: s.series for name, s in systems.items()}, "totals": totals}
+    return {"time": time, "reserve": reserve, **{name: s.series for name, s in systems.items()}, "totals": totals}

@@ -121,7 +121,8 @@ def step_events(prev: StepSnapshot | None, snap: StepSnapshot, block_size: int) 
         if seq not in prev_tables:
             ev.admitted.append(seq)
             work = scheduled[seq]
-            n_hit = work["num_computed_tokens"] // block_size  # a newly admitted sequence's prefix hit if work["kind"] == "prefill" else 0
+            # a newly admitted sequence's prefix hit: what was in the cache before its first step
+            n_hit = work["num_computed_tokens"] // block_size if work["kind"] == "prefill" else 0
             if n_hit:
                 ev.hits[seq] = table[:n_hit]
                 ev.revived += [b for b in table[:n_hit] if prev_ref[b] == 0 and b not in ev.revived]

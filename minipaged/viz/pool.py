@@ -129,6 +129,10 @@ def draw_pool(
     live = {b: o for b, o in pool.owners.items() if b < num_blocks and pool.ref_cnt[b] > 0}
     present = natural_order(o for os in live.values() for o in os)
     inks = dict(inks) if inks is not None else owner_inks(present)
+    missing = [o for o in present if o not in inks]
+    if missing:
+        raise ValueError(f"inks has no colour for owners {missing[:5]}: build it from every frame's owners "
+                         "(palette.inks_over_time), or leave it out")
 
     ncols = ncols or min(num_blocks, 16)
     nrows = math.ceil(num_blocks / ncols)
