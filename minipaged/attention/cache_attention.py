@@ -49,15 +49,17 @@ class PagedMetadata:
 
     slot_mapping: int64 [num_tokens] (-1 = do not write); block_tables: int32 [num_seqs,
     max_blocks]; context_lens: int32 [num_seqs] (tokens in the cache after this step's write);
-    cu_seqlens_q: int32 [num_seqs + 1] (the packing of the new tokens); q_lens: the new tokens
-    of each sequence, on the host.
+    cu_seqlens_q: int32 [num_seqs + 1] (the packing of the new tokens). ``host_q_lens`` and
+    ``host_context_lens`` are the same lengths as Python lists: reading them back from a GPU
+    would stall every layer on a device-to-host copy.
     """
 
     slot_mapping: torch.Tensor
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     cu_seqlens_q: torch.Tensor
-    q_lens: list[int]
+    host_q_lens: list[int]
+    host_context_lens: list[int]
 
     @classmethod
     def build(
@@ -79,13 +81,14 @@ class PagedMetadata:
             block_tables=padded_block_tables(block_tables, device=device),
             context_lens=torch.tensor(ends, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
-            q_lens=list(q_lens),
+            host_q_lens=list(q_lens),
+            host_context_lens=ends,
         )
 
     @property
     def is_decode(self) -> bool:
         """Every sequence brings exactly one new token."""
-        return all(n == 1 for n in self.q_lens)
+        return all(n == 1 for n in self.host_q_lens)
 
 
 class PagedAttention:
@@ -98,7 +101,7 @@ class PagedAttention:
         self.k_cache, self.v_cache = k_cache, v_cache  # [num_layers, num_blocks, block_size, kv_heads, d]
         self.ops = ops
         self.meta: PagedMetadata | None = None
-        self.plan: batched.BatchPlan | None = None
+        self._hints: dict = {}  # per-step facts that spare each layer recomputing them
 
     @classmethod
     def of(cls, cache: PagedKVCache, ops: ModuleType) -> PagedAttention:
@@ -107,18 +110,21 @@ class PagedAttention:
     def set_batch(self, meta: PagedMetadata) -> None:
         self.meta = meta
         if self.ops is batched:  # its row layout and masks depend on the lengths only: once per step
-            ctx = meta.context_lens.tolist()
-            self.plan = batched.plan_batch(meta.q_lens, ctx, self.k_cache.shape[2], self.k_cache.device)
+            bs, dev = self.k_cache.shape[2], self.k_cache.device
+            self._hints = {"plan": batched.plan_batch(meta.host_q_lens, meta.host_context_lens, bs, dev)}
+        elif self.ops is not reference and not meta.is_decode:  # Triton's prefill grid needs max_q_len
+            self._hints = {"max_q_len": max(meta.host_q_lens, default=0)}
+        else:
+            self._hints = {}
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         m = self.meta
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
         self.ops.store_kvcache(k, v, k_cache, v_cache, m.slot_mapping)
-        extra = {"plan": self.plan} if self.ops is batched else {}
         if m.is_decode:
-            return self.ops.paged_decode_attention(q, k_cache, v_cache, m.block_tables, m.context_lens, **extra)
+            return self.ops.paged_decode_attention(q, k_cache, v_cache, m.block_tables, m.context_lens, **self._hints)
         return self.ops.paged_prefill_attention(
-            q, k_cache, v_cache, m.block_tables, m.cu_seqlens_q, m.context_lens, **extra
+            q, k_cache, v_cache, m.block_tables, m.cu_seqlens_q, m.context_lens, **self._hints
         )
 
 
