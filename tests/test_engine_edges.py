@@ -197,3 +197,25 @@ def test_abort_request_frees_and_reports(llm):
     llm.abort_request(a)  # already finished: nothing to do
     with pytest.raises(ValueError, match="no request with id 12345"):
         llm.abort_request(12345)
+
+
+def test_generation_stops_on_any_of_several_eos_ids(tmp_path):
+    """Llama 3 style: config.json lists two stop ids, generation_config.json adds a third."""
+    import json
+
+    from modelkit import make_hf_model
+
+    hf = make_hf_model("llama")
+    hf.save_pretrained(tmp_path)
+    prompt = [3, 1, 4, 1, 5]
+    free = LLM(tmp_path, max_model_len=64).generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    first, second = free[0], free[1]
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["eos_token_id"] = [96, second]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    sp = SamplingParams(temperature=0, max_tokens=6)
+    out = LLM(tmp_path, max_model_len=64).generate([prompt], sp, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == [first, second] and out.finish_reason == "stop"
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": first}))
+    out = LLM(tmp_path, max_model_len=64).generate([prompt], sp, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == [first] and out.finish_reason == "stop"
