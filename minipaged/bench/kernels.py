@@ -28,11 +28,11 @@ from minipaged.utils import cdiv
 
 # Peak memory bandwidth in GB/s, matched by substring of torch.cuda.get_device_name() (first hit).
 PEAK_GBPS = {
+    "GH200": 4000.0,  # before "H200", which it contains
     "H200": 4800.0,
     "H100 PCIe": 2000.0,
     "H100 NVL": 3900.0,
     "H100": 3350.0,
-    "GH200": 4000.0,
     "B200": 8000.0,
     "A100-SXM4-80GB": 2039.0,
     "A100 80GB PCIe": 1935.0,

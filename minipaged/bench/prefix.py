@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     # The saving is the prompt's share of each sequence, shared n - 1 times: show two shapes.
     for prompt_len, max_tokens in ((a.sample_prompt, a.sample_tokens), (16, 4 * a.sample_tokens)):
         rows = parallel_sampling([2, 4, 6], prompt_len, max_tokens, a.block_size, a.seed, a.model)
-        print(f"\nparallel sampling: one prompt of {prompt_len + 48} tokens, {max_tokens} tokens per sample")
+        print(f"\nparallel sampling: one prompt of {prompt_len + 42} tokens, {max_tokens} tokens per sample")
         print(f"{'n':>3}{'peak blocks shared':>20}{'independent':>13}{'saved':>8}{'cow copies':>12}")
         for r in rows:
             saved = 100 * (1 - r["shared"] / r["independent"])

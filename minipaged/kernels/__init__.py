@@ -1,7 +1,7 @@
 """Stage 4: Triton kernels for the paged KV cache (store, prefill attention, decode attention).
 
 Same names, shapes and semantics as the torch path (:mod:`minipaged.attention.reference`), so
-:func:`minipaged.attention.backend.get_ops` can swap one for the other. Each module reads like a
+:func:`minipaged.attention.backends.get_ops` can swap one for the other. Each module reads like a
 Triton tutorial: the kernel, then a short wrapper that checks its arguments
 (:mod:`~minipaged.kernels._checks`), picks tile sizes and launches.
 
