@@ -86,13 +86,16 @@ def test_bf16_cache_is_computed_in_fp32_like_the_reference():
 
 
 def test_plan_splits_decode_rows_from_prefill_rows():
-    plan = batched.plan_batch([1, 5, 0, 1, 3], [10, 5, 4, 2, 20], block_size=4)
+    tables = torch.arange(5 * 6, dtype=torch.int32).view(5, 6)
+    plan = batched.plan_batch([1, 5, 0, 1, 3], [10, 5, 4, 2, 20], tables, block_size=4)
     assert plan.decode.seqs.tolist() == [0, 3] and plan.decode.rows.tolist() == [0, 6]
     assert plan.prefill.seqs.tolist() == [1, 4] and plan.prefill.rows.tolist() == [1, 2, 3, 4, 5, 7, 8, 9]
     assert plan.prefill.max_q_len == 5 and plan.prefill.num_blocks == 5  # ceil(20 / 4)
     # query 0 of the 3 new tokens of a 20-token context sits at position 17: it sees keys 0..17
     assert plan.prefill.mask[1, 0, 0].nonzero().flatten().tolist() == list(range(18))
-    assert batched.plan_batch([0, 0], [3, 4], 4).decode is None
+    assert plan.prefill.blocks.tolist() == list(range(6, 11)) + list(range(24, 29))  # 5 blocks of seqs 1 and 4
+    assert not plan.decode.all_rows and batched.plan_batch([1, 1], [3, 4], tables[:2], 4).decode.all_rows
+    assert batched.plan_batch([0, 0], [3, 4], tables[:2], 4).decode is None
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch"])
@@ -107,6 +110,18 @@ def test_paged_attention_writes_then_reads_through_the_tables(backend):
     reference.store_kvcache(k_new, v_new, ref_k, ref_v, meta.slot_mapping)
     want = reference.paged_prefill_attention(q, ref_k, ref_v, meta.block_tables, meta.cu_seqlens_q, meta.context_lens)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_batched_store_equals_the_reference(pad):
+    g = torch.Generator().manual_seed(3)
+    key, value = torch.randn(6, 2, 8, generator=g), torch.randn(6, 2, 8, generator=g)
+    slots = torch.tensor([5, 17, 2, -1 if pad else 30, 9, 0])
+    caches = [torch.zeros(4, 8, 2, 8) for _ in range(4)]
+    reference.store_kvcache(key, value, caches[0], caches[1], slots)
+    batched.store_kvcache(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[2].count_nonzero() == (5 if pad else 6) * 2 * 8
 
 
 def test_backend_names():

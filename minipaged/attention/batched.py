@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minipaged.attention.reference import store_kvcache
+from minipaged.attention import reference
 from minipaged.utils import cdiv
 
 __all__ = ["BatchPlan", "plan_batch", "store_kvcache", "paged_prefill_attention", "paged_decode_attention"]
@@ -39,19 +39,24 @@ __all__ = ["BatchPlan", "plan_batch", "store_kvcache", "paged_prefill_attention"
 
 @dataclass
 class RowGroup:
-    """Sequences attended by one SDPA call.
+    """Sequences attended by one call.
 
     seqs: long [g] (indices into the batch); rows: long [tokens] (packed query rows, in order);
     flat: long [tokens] (where each row sits in the padded ``[g * max_q_len]`` layout);
-    mask: bool [g, 1, max_q_len, num_keys] (True = visible); num_blocks: table columns read.
+    blocks: long [g * num_blocks] (the physical blocks to gather, table by table);
+    mask: bool [g, 1, max_q_len, num_blocks * block_size] (True = visible); ``all_rows``: the
+    group is every row of the batch, one per sequence, in order (a pure decode step: no
+    scatter needed).
     """
 
     seqs: torch.Tensor
     rows: torch.Tensor
     flat: torch.Tensor
+    blocks: torch.Tensor
     mask: torch.Tensor
     max_q_len: int
     num_blocks: int
+    all_rows: bool
 
 
 @dataclass
@@ -63,10 +68,16 @@ class BatchPlan:
 
 
 def _group(
-    seqs: list[int], q_lens: Sequence[int], context_lens: Sequence[int], starts: Sequence[int], block_size: int, device
+    seqs: list[int],
+    q_lens: Sequence[int],
+    context_lens: Sequence[int],
+    starts: Sequence[int],
+    block_tables: torch.Tensor,
+    block_size: int,
 ) -> RowGroup | None:
     if not seqs:
         return None
+    device = block_tables.device
     ql = torch.tensor([q_lens[s] for s in seqs], dtype=torch.long)
     ctx = torch.tensor([context_lens[s] for s in seqs], dtype=torch.long)
     first = torch.tensor([starts[s] for s in seqs], dtype=torch.long)
@@ -78,18 +89,21 @@ def _group(
     key = torch.arange(num_blocks * block_size)
     last_visible = (ctx - ql)[:, None] + torch.arange(max_q)[None, :]  # [g, max_q]
     mask = key[None, None, :] <= last_visible[:, :, None]
+    seq_ids = torch.tensor(seqs, dtype=torch.long, device=device)
     return RowGroup(
-        seqs=torch.tensor(seqs, dtype=torch.long, device=device),
+        seqs=seq_ids,
         rows=rows.to(device),
         flat=(g * max_q + i).to(device),
+        blocks=block_tables[seq_ids, :num_blocks].long().flatten(),
         mask=mask[:, None].to(device),
         max_q_len=max_q,
         num_blocks=num_blocks,
+        all_rows=max_q == 1 and len(seqs) == len(q_lens) == sum(q_lens),
     )
 
 
 def plan_batch(
-    q_lens: Sequence[int], context_lens: Sequence[int], block_size: int, device: torch.device | str = "cpu"
+    q_lens: Sequence[int], context_lens: Sequence[int], block_tables: torch.Tensor, block_size: int
 ) -> BatchPlan:
     """Split a step's sequences into a decode group (``q_len == 1``) and a prefill group
     (``q_len > 1``); sequences with no new token get no row. Host-side lengths, one call per step."""
@@ -99,32 +113,50 @@ def plan_batch(
     decode = [s for s, n in enumerate(q_lens) if n == 1]
     prefill = [s for s, n in enumerate(q_lens) if n > 1]
     return BatchPlan(
-        decode=_group(decode, q_lens, context_lens, starts, block_size, device),
-        prefill=_group(prefill, q_lens, context_lens, starts, block_size, device),
+        decode=_group(decode, q_lens, context_lens, starts, block_tables, block_size),
+        prefill=_group(prefill, q_lens, context_lens, starts, block_tables, block_size),
     )
 
 
+def store_kvcache(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """:func:`minipaged.attention.reference.store_kvcache`, as one ``index_copy_`` per tensor when
+    no slot is -1 (the engine never pads): the boolean filtering is the costly part."""
+    if bool((slot_mapping < 0).any()):
+        reference.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+        return
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def _gather(cache: torch.Tensor, grp: RowGroup) -> torch.Tensor:
+    """[g, kv_heads, num_blocks * block_size, d]: the group's contexts in logical order, in fp32.
+
+    ``index_select`` over whole blocks (rows of ``block_size * kv_heads * d`` numbers) copies
+    contiguous runs, several times faster here than indexing the 4-D cache with a 2-D table.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    picked = cache.view(num_blocks, -1).index_select(0, grp.blocks)
+    return picked.view(grp.seqs.numel(), -1, num_kv_heads, head_dim).transpose(1, 2).float()
+
+
 def _attend_group(
-    out: torch.Tensor,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    grp: RowGroup,
-    scale: float | None,
+    out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, grp: RowGroup, scale
 ) -> None:
     """Attention of one group's rows, written into ``out`` (packed like ``q``)."""
     num_heads, head_dim = q.shape[1:]
-    num_kv_heads = k_cache.shape[2]
-    tables = block_tables[grp.seqs, : grp.num_blocks].long()  # [g, blocks]
-    # One gather for the whole group: [g, blocks, block_size, kv_heads, d] -> [g, kv_heads, keys, d]
-    k = k_cache[tables].flatten(1, 2).transpose(1, 2).float()
-    v = v_cache[tables].flatten(1, 2).transpose(1, 2).float()
+    k, v = _gather(k_cache, grp), _gather(v_cache, grp)
+    gqa = num_heads != k_cache.shape[2]
     g = grp.seqs.numel()
+    if grp.all_rows:  # a pure decode step: the packed queries are already [g, heads, d]
+        o = F.scaled_dot_product_attention(q.float()[:, :, None], k, v, attn_mask=grp.mask, scale=scale, enable_gqa=gqa)
+        out.copy_(o[:, :, 0])
+        return
     qp = q.new_zeros((g * grp.max_q_len, num_heads, head_dim), dtype=torch.float32)
     qp[grp.flat] = q[grp.rows].float()
     qp = qp.view(g, grp.max_q_len, num_heads, head_dim).transpose(1, 2)  # [g, heads, max_q, d]
-    o = F.scaled_dot_product_attention(qp, k, v, attn_mask=grp.mask, scale=scale, enable_gqa=num_heads != num_kv_heads)
+    o = F.scaled_dot_product_attention(qp, k, v, attn_mask=grp.mask, scale=scale, enable_gqa=gqa)
     out[grp.rows] = o.transpose(1, 2).reshape(-1, num_heads, head_dim)[grp.flat].to(out.dtype)
 
 
@@ -149,11 +181,11 @@ def paged_prefill_attention(
     if plan is None:
         bounds = cu_seqlens_q.tolist()
         q_lens = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
-        plan = plan_batch(q_lens, context_lens.tolist(), k_cache.shape[1], q.device)
+        plan = plan_batch(q_lens, context_lens.tolist(), block_tables, k_cache.shape[1])
     out = torch.empty_like(q)
     for grp in (plan.decode, plan.prefill):
         if grp is not None:
-            _attend_group(out, q, k_cache, v_cache, block_tables, grp, scale)
+            _attend_group(out, q, k_cache, v_cache, grp, scale)
     return out
 
 

@@ -110,8 +110,8 @@ class PagedAttention:
     def set_batch(self, meta: PagedMetadata) -> None:
         self.meta = meta
         if self.ops is batched:  # its row layout and masks depend on the lengths only: once per step
-            bs, dev = self.k_cache.shape[2], self.k_cache.device
-            self._hints = {"plan": batched.plan_batch(meta.host_q_lens, meta.host_context_lens, bs, dev)}
+            lengths = (meta.host_q_lens, meta.host_context_lens)
+            self._hints = {"plan": batched.plan_batch(*lengths, meta.block_tables, self.k_cache.shape[2])}
         elif self.ops is not reference and not meta.is_decode:  # Triton's prefill grid needs max_q_len
             self._hints = {"max_q_len": max(meta.host_q_lens, default=0)}
         else:

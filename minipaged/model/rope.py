@@ -97,10 +97,22 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.attention_scaling = inverse_frequencies(head_dim, theta, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self._cached: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[num_tokens, 1, head_dim]`` of ``positions``; every layer's queries and keys
+        of a step use the same ones, so they are computed for the first and reused."""
+        c = self._cached
+        if c is not None and c[0] is positions and c[1] == dtype:
+            return c[2], c[3]
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [num_tokens, 1, head_dim]
-        cos = (emb.cos() * self.attention_scaling).to(x.dtype)
-        sin = (emb.sin() * self.attention_scaling).to(x.dtype)
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        self._cached = (positions, dtype, cos, sin)
+        return cos, sin
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos_sin(positions, x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin

@@ -1,7 +1,24 @@
 """Simulation without a model: seeded request traces (:mod:`.traces`) and the memory-only
-replay of stages 0-2 (:mod:`.replay`)."""
+replay of stages 0-2 (:mod:`.replay`), as per-step series or as the memory's state step by step."""
 
-from minipaged.sim.replay import simulate_contiguous_vs_paged
+from minipaged.sim.replay import (
+    ContiguousReplay,
+    ContiguousState,
+    PagedReplay,
+    PagedState,
+    replay_steps,
+    simulate_contiguous_vs_paged,
+)
 from minipaged.sim.traces import Request, synthetic_trace, token_ids_for
 
-__all__ = ["Request", "simulate_contiguous_vs_paged", "synthetic_trace", "token_ids_for"]
+__all__ = [
+    "ContiguousReplay",
+    "ContiguousState",
+    "PagedReplay",
+    "PagedState",
+    "Request",
+    "replay_steps",
+    "simulate_contiguous_vs_paged",
+    "synthetic_trace",
+    "token_ids_for",
+]

@@ -2,12 +2,23 @@
 
 No model runs: each running request grows by one token per step, so what is compared is
 memory alone — how many requests fit at once, and how much of the reserved memory holds tokens.
+
+Two ways in, one loop underneath:
+
+- :func:`simulate_contiguous_vs_paged` replays a trace through both systems and returns one
+  value per step of every quantity (for plots and totals);
+- :func:`replay_steps` replays it through one system, a :class:`ContiguousReplay` or a
+  :class:`PagedReplay`, and yields that system's state after every step (for pictures of the
+  memory at a given step): a :class:`ContiguousState` or a :class:`PagedState`.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from minipaged.kv.allocator import BlockPool, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
@@ -16,8 +27,56 @@ from minipaged.sim.traces import Request
 from minipaged.utils import cdiv
 
 
-class _Replay(ABC):
-    """One memory system under replay: FIFO admission, one token per running request per step."""
+@dataclass(frozen=True)
+class ReplayState:
+    """What a replayed memory system looks like after step ``step``. A copy: later steps do not change it.
+
+    ``running`` in admission order, ``waiting`` head of the queue first (request ids);
+    ``tokens`` maps each running request to the tokens it holds; ``finished`` and
+    ``preemptions`` count since the start.
+    """
+
+    step: int
+    running: tuple[int, ...]
+    waiting: tuple[int, ...]
+    tokens: dict[int, int]
+    finished: int
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class ContiguousState(ReplayState):
+    """Stage 0 after a step: ``arena`` is a copy of the slot arena (request id -> ``(start, size)``
+    in ``arena.reservations()``); ``held_back`` says whether the head of the queue waits although
+    the free slots add up to enough for it — it waits for a hole, not for memory."""
+
+    arena: FirstFitArena
+    held_back: bool
+
+
+@dataclass(frozen=True)
+class PagedState(ReplayState):
+    """Stages 1-2 after a step: ``ref_cnt`` per block, ``free_order`` the free queue (front first,
+    handed out next), ``block_tables`` request id -> its block ids in logical order."""
+
+    block_size: int
+    ref_cnt: tuple[int, ...]
+    free_order: tuple[int, ...]
+    block_tables: dict[int, tuple[int, ...]]
+
+    @property
+    def owners(self) -> dict[int, int]:
+        """block id -> the request holding it (the replay never shares a block)."""
+        return {block_id: rid for rid, table in self.block_tables.items() for block_id in table}
+
+
+class Replay(ABC):
+    """One memory system under replay: FIFO admission, one token per running request per step.
+
+    Drive it with :func:`replay_steps` (or :meth:`step`, one step's arrivals at a time); read it
+    with :meth:`state`. ``series`` collects one value per step of each quantity
+    :func:`simulate_contiguous_vs_paged` reports.
+    """
 
     def __init__(self) -> None:
         self.waiting: deque[Request] = deque()
@@ -27,12 +86,19 @@ class _Replay(ABC):
         self.admitted: set[int] = set()
         self.finished = 0
         self.preemptions = 0
+        self.num_steps = 0
         self.series: dict[str, list[float]] = {
             k: [] for k in ("running", "admitted", "finished", "queue_len", "used_slots", "allocated_slots",
                             "external_fragmentation")
         }
 
-    def step(self, arrivals: list[Request]) -> None:
+    @property
+    def busy(self) -> bool:
+        """Whether a request is running or waiting."""
+        return bool(self.running or self.waiting)
+
+    def step(self, arrivals: Sequence[Request]) -> None:
+        """One step: running requests grow (or finish), then ``arrivals`` queue and the queue is admitted FIFO."""
         preempted = self._grow()
         self.waiting.extend(arrivals)
         # Like vLLM, a step that had to preempt admits nothing new (the victims would thrash).
@@ -46,6 +112,7 @@ class _Replay(ABC):
             self.running[request.request_id] = request
             self.tokens[request.request_id] = num_tokens
             self.admitted.add(request.request_id)
+        self.num_steps += 1
         for name, value in self._measure().items():
             self.series[name].append(value)
 
@@ -78,6 +145,19 @@ class _Replay(ABC):
         return {"running": len(self.running), "admitted": len(self.admitted), "finished": self.finished,
                 "queue_len": len(self.waiting), "used_slots": sum(self.tokens.values())}
 
+    def _common_state(self) -> dict:
+        return {"step": self.num_steps - 1, "running": tuple(self.running), "finished": self.finished,
+                "waiting": tuple(r.request_id for r in self.waiting), "tokens": dict(self.tokens),
+                "preemptions": self.preemptions}
+
+    @abstractmethod
+    def state(self) -> ReplayState:
+        """A copy of the system after the last step."""
+
+    @abstractmethod
+    def check_trace(self, trace: Sequence[Request]) -> None:
+        """Raise ValueError if a request of ``trace`` could never run on this system (it would wait forever)."""
+
     @abstractmethod
     def _admit(self, request: Request, num_tokens: int) -> bool:
         """Allocate memory for ``num_tokens`` tokens of a new request; False (nothing changed) if it does not fit."""
@@ -87,18 +167,36 @@ class _Replay(ABC):
         """Make room for one more token of a running request; False if the request was preempted instead."""
 
 
-class _ContiguousReplay(_Replay):
-    """Stage 0: each admitted request reserves its buffer once and never grows it."""
+class ContiguousReplay(Replay):
+    """Stage 0: each admitted request reserves its buffer once and never grows it.
 
-    def __init__(self, num_slots: int, max_seq_len: int, reserve: str) -> None:
+    ``reserve="max"`` reserves ``max_seq_len`` slots per request, ``"exact"`` its prompt + output
+    (an oracle no real server has). ``arena_type`` places the buffers: ``FirstFitArena`` or a
+    subclass with another rule (best fit, say).
+    """
+
+    def __init__(self, num_slots: int, max_seq_len: int, reserve: str = "max",
+                 arena_type: type[FirstFitArena] = FirstFitArena) -> None:
+        if reserve not in ("max", "exact"):
+            raise ValueError(f"reserve must be 'max' or 'exact', got {reserve!r}")
+        if max_seq_len > num_slots:
+            raise ValueError(f"one max_seq_len ({max_seq_len}) request must fit in {num_slots} slots")
         super().__init__()
-        self.arena = FirstFitArena(num_slots)
+        self.arena = arena_type(num_slots)
         self.max_seq_len, self.reserve = max_seq_len, reserve
 
+    def size_of(self, request: Request) -> int:
+        """The slots ``request`` reserves."""
+        return self.max_seq_len if self.reserve == "max" else request.total_len
+
+    def check_trace(self, trace: Sequence[Request]) -> None:
+        too_long = [r.request_id for r in trace if r.total_len > self.max_seq_len]
+        if too_long:
+            raise ValueError(f"requests {too_long[:5]} exceed max_seq_len {self.max_seq_len}")
+
     def _admit(self, request: Request, num_tokens: int) -> bool:
-        size = self.max_seq_len if self.reserve == "max" else request.total_len
         try:
-            self.arena.reserve(request.request_id, size)
+            self.arena.reserve(request.request_id, self.size_of(request))
         except ArenaFullError:
             return False
         return True
@@ -114,8 +212,13 @@ class _ContiguousReplay(_Replay):
         return {**super()._measure(), "allocated_slots": self.arena.num_slots - self.arena.free_slots,
                 "external_fragmentation": self.arena.external_fragmentation}
 
+    def state(self) -> ContiguousState:
+        # Contiguous never preempts, so a request still at the head of the queue is one admission just refused.
+        held_back = bool(self.waiting) and self.arena.free_slots >= self.size_of(self.waiting[0])
+        return ContiguousState(**self._common_state(), arena=copy.deepcopy(self.arena), held_back=held_back)
 
-class _PagedReplay(_Replay):
+
+class PagedReplay(Replay):
     """Stages 1-2: blocks on demand; when the pool runs dry the newest request is preempted (recompute)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -123,6 +226,12 @@ class _PagedReplay(_Replay):
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.tables: dict[int, BlockTable] = {}
+
+    def check_trace(self, trace: Sequence[Request]) -> None:
+        too_long = [r.request_id for r in trace if cdiv(r.total_len, self.block_size) > self.pool.num_blocks]
+        if too_long:
+            raise ValueError(f"requests {too_long[:5]} need more than the pool's {self.pool.num_blocks} blocks "
+                             f"of {self.block_size}: give the pool more blocks")
 
     def _admit(self, request: Request, num_tokens: int) -> bool:
         table = BlockTable(self.block_size)
@@ -154,6 +263,50 @@ class _PagedReplay(_Replay):
         return {**super()._measure(), "allocated_slots": self.pool.num_used_blocks * self.block_size,
                 "external_fragmentation": 0.0}
 
+    def state(self) -> PagedState:
+        return PagedState(**self._common_state(), block_size=self.block_size,
+                          ref_cnt=tuple(b.ref_cnt for b in self.pool.blocks),
+                          free_order=tuple(b.block_id for b in self.pool.free_queue),
+                          block_tables={rid: tuple(t.block_ids) for rid, t in self.tables.items()})
+
+
+def _run(trace: Sequence[Request], systems: Sequence[Replay]) -> Iterator[int]:
+    """Step every system through ``trace`` in lockstep; yield each step's number until all are done."""
+    pending = deque(sorted(trace, key=lambda r: (r.arrival, r.request_id)))
+    t = 0
+    while pending or any(s.busy for s in systems):
+        arrivals = []
+        while pending and pending[0].arrival <= t:
+            arrivals.append(pending.popleft())
+        for system in systems:
+            system.step(arrivals)
+        yield t
+        t += 1
+
+
+def _check(trace: Sequence[Request], systems: Sequence[Replay]) -> None:
+    for system in systems:
+        if system.num_steps:
+            raise ValueError(f"this {type(system).__name__} has already run {system.num_steps} steps: "
+                             "replay a trace on a new one")
+        system.check_trace(trace)
+
+
+def replay_steps(trace: Sequence[Request], system: ContiguousReplay | PagedReplay) -> Iterator[ReplayState]:
+    """Replay ``trace`` on a new ``system``; yield its state after every step until the trace is served.
+
+    The states are copies (a :class:`ContiguousState` or a :class:`PagedState`), so a list of
+    them is the whole history; ``system`` itself holds the final memory when the loop ends.
+    Example: the arena of stage 0 after 300 steps, every request reserving ``max_seq_len``::
+
+        for state in replay_steps(trace, ContiguousReplay(4096, 512, reserve="max")):
+            if state.step == 300:
+                break
+        state.arena.reservations(), state.tokens
+    """
+    _check(trace, [system])  # now, not at the first next()
+    return (system.state() for _ in _run(trace, [system]))
+
 
 def simulate_contiguous_vs_paged(
     trace: list[Request], num_slots: int, block_size: int, max_seq_len: int, reserve: str = "max"
@@ -170,27 +323,13 @@ def simulate_contiguous_vs_paged(
     ``used_slots`` (holding a token), ``allocated_slots`` (reserved or in allocated blocks) and
     ``external_fragmentation`` to one value per step; both series run until both systems finish.
     """
-    if reserve not in ("max", "exact"):
-        raise ValueError(f"reserve must be 'max' or 'exact', got {reserve!r}")
-    too_long = [r.request_id for r in trace if r.total_len > max_seq_len]
-    if too_long:
-        raise ValueError(f"requests {too_long[:5]} exceed max_seq_len {max_seq_len}")
     num_blocks = num_slots // block_size
-    if max_seq_len > num_slots or cdiv(max_seq_len, block_size) > num_blocks:
-        raise ValueError(f"one max_seq_len ({max_seq_len}) request must fit in {num_slots} slots")
-    systems = {"contiguous": _ContiguousReplay(num_slots, max_seq_len, reserve),
-               "paged": _PagedReplay(num_blocks, block_size)}
-    pending = deque(sorted(trace, key=lambda r: (r.arrival, r.request_id)))
-    time: list[int] = []
-    t = 0
-    while pending or any(s.running or s.waiting for s in systems.values()):
-        arrivals = []
-        while pending and pending[0].arrival <= t:
-            arrivals.append(pending.popleft())
-        for system in systems.values():
-            system.step(arrivals)
-        time.append(t)
-        t += 1
+    contiguous = ContiguousReplay(num_slots, max_seq_len, reserve)
+    if cdiv(max_seq_len, block_size) > num_blocks:
+        raise ValueError(f"one max_seq_len ({max_seq_len}) request must fit in {num_blocks} blocks of {block_size}")
+    systems = {"contiguous": contiguous, "paged": PagedReplay(num_blocks, block_size)}
+    _check(trace, list(systems.values()))
+    time = list(_run(trace, list(systems.values())))
     totals = {}
     for name, s in systems.items():
         steps = max((i + 1 for i, n in enumerate(s.series["running"]) if n > 0), default=0)

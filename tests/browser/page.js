@@ -5,9 +5,14 @@ window.minipaged = {
     return document.querySelector(".jp-NotebookPanel:not(.lm-mod-hidden)");
   },
 
+  // The toolbar's indicator also reads "idle" while the notebook has no kernel yet (Run All
+  // would then do nothing): require a kernel name and the status bar's "| Idle" as well.
   kernelIdle() {
-    const el = this.panel()?.querySelector(".jp-Notebook-ExecutionIndicator");
-    return el?.getAttribute("data-status") === "idle";
+    const panel = this.panel();
+    const name = panel?.querySelector(".jp-KernelName")?.innerText.trim() ?? "";
+    return panel?.querySelector(".jp-Notebook-ExecutionIndicator")?.getAttribute("data-status") === "idle" &&
+      name !== "" && name !== "No Kernel" &&
+      /\| Idle\b/.test(document.querySelector("#jp-main-statusbar")?.innerText ?? "");
   },
 
   // [prompt, first source line] of each code cell with source ("" cells never get a number).
