@@ -11,8 +11,9 @@ so the cost of a layer no longer grows with a Python loop over sequences:
 3. **one mask** says which key each query sees: query ``i`` of a sequence with ``q_len`` new
    tokens and ``context_len`` cached ones sees keys ``j <= context_len - q_len + i`` (the
    reference's rule; the padding beyond ``context_len`` is never visible to a real query);
-4. **one** ``F.scaled_dot_product_attention(..., enable_gqa=True)`` call (query head ``h``
-   reads KV head ``h // (num_heads // num_kv_heads)``), softmax in fp32;
+4. **one** ``F.scaled_dot_product_attention`` call (query head ``h`` reads KV head
+   ``h // (num_heads // num_kv_heads)``: SDPA's ``enable_gqa`` for prefill; for decode the
+   query heads sharing a KV head are laid out as the rows of one attention), softmax in fp32;
 5. the padded output is packed back.
 
 Decode rows (``q_len == 1``) are kept apart from prefill rows: padded to a long prompt's
@@ -146,13 +147,21 @@ def _attend_group(
 ) -> None:
     """Attention of one group's rows, written into ``out`` (packed like ``q``)."""
     num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
     k, v = _gather(k_cache, grp), _gather(v_cache, grp)
-    gqa = num_heads != k_cache.shape[2]
     g = grp.seqs.numel()
-    if grp.all_rows:  # a pure decode step: the packed queries are already [g, heads, d]
-        o = F.scaled_dot_product_attention(q.float()[:, :, None], k, v, attn_mask=grp.mask, scale=scale, enable_gqa=gqa)
-        out.copy_(o[:, :, 0])
+    if grp.max_q_len == 1:
+        # Decode: the query heads that share a KV head become the query rows of one attention over
+        # that head's keys ([g, kv_heads, group, d]); twice as fast here as SDPA's enable_gqa.
+        qd = q if grp.all_rows else q[grp.rows]  # a pure decode step needs no gather
+        qd = qd.float().view(g, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=grp.mask, scale=scale).reshape(g, num_heads, head_dim)
+        if grp.all_rows:
+            out.copy_(o)
+        else:
+            out[grp.rows] = o.to(out.dtype)
         return
+    gqa = num_heads != num_kv_heads
     qp = q.new_zeros((g * grp.max_q_len, num_heads, head_dim), dtype=torch.float32)
     qp[grp.flat] = q[grp.rows].float()
     qp = qp.view(g, grp.max_q_len, num_heads, head_dim).transpose(1, 2)  # [g, heads, max_q, d]
