@@ -156,7 +156,7 @@ def test_online_softmax_state_after_each_tile(ex):
 
 @pytest.mark.exercise("online_softmax_update")
 def test_online_softmax_matches_viz_trace(ex):
-    """Against minipaged.viz.kernel.online_softmax_trace (float64), one row."""
+    """Against minipaged.attention.tiled.online_softmax_trace (float64), one row."""
     row = [0.5, 2.0, -1.0, 4.0, 3.5, -2.0, 6.0, 0.0, 1.0]
     trace = online_softmax_trace(row, block_n=3)
     states = run_tiles(ex, torch.tensor([row]), torch.ones(len(row), 1), 3)
@@ -237,7 +237,7 @@ def test_tile_kv_end_keys_past_it_do_not_matter(ex):
 
 
 def loop_steps_by_walk(q_lens, context_lens, num_kv_heads, block_q, block_n) -> int:
-    """Count with minipaged.viz.kernel.program_reads, one program at a time."""
+    """Count with minipaged.attention.tiled.program_reads, one program at a time."""
     num_tiles = cdiv(max(q_lens), block_q)
     steps = 0
     for q_len, context_len in zip(q_lens, context_lens):
