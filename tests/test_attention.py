@@ -88,14 +88,22 @@ def test_bf16_cache_is_computed_in_fp32_like_the_reference():
 def test_plan_splits_decode_rows_from_prefill_rows():
     tables = torch.arange(5 * 6, dtype=torch.int32).view(5, 6)
     plan = batched.plan_batch([1, 5, 0, 1, 3], [10, 5, 4, 2, 20], tables, block_size=4)
-    assert plan.decode.seqs.tolist() == [0, 3] and plan.decode.rows.tolist() == [0, 6]
+    (decode,) = plan.decode
+    assert decode.seqs.tolist() == [0, 3] and decode.rows.tolist() == [0, 6]
     assert plan.prefill.seqs.tolist() == [1, 4] and plan.prefill.rows.tolist() == [1, 2, 3, 4, 5, 7, 8, 9]
     assert plan.prefill.max_q_len == 5 and plan.prefill.num_blocks == 5  # ceil(20 / 4)
     # query 0 of the 3 new tokens of a 20-token context sits at position 17: it sees keys 0..17
     assert plan.prefill.mask[1, 0, 0].nonzero().flatten().tolist() == list(range(18))
     assert plan.prefill.blocks.tolist() == list(range(6, 11)) + list(range(24, 29))  # 5 blocks of seqs 1 and 4
-    assert not plan.decode.all_rows and batched.plan_batch([1, 1], [3, 4], tables[:2], 4).decode.all_rows
-    assert batched.plan_batch([0, 0], [3, 4], tables[:2], 4).decode is None
+    assert not decode.all_rows and batched.plan_batch([1, 1], [3, 4], tables[:2], 4).decode[0].all_rows
+    assert batched.plan_batch([0, 0], [3, 4], tables[:2], 4).decode == []
+
+
+def test_decode_rows_split_by_context_length_when_it_saves_padding():
+    lens = [4, 300, 8, 5, 290, 6, 7, 310, 280, 9]
+    assert batched.split_by_length(list(range(10)), lens, 16) == [[0, 2, 3, 5, 6, 9], [1, 4, 7, 8]]
+    assert batched.split_by_length(list(range(10)), [300] * 10, 16) == [list(range(10))]
+    assert batched.split_by_length([0, 1, 2], lens, 16) == [[0, 1, 2]]
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch"])
@@ -186,3 +194,13 @@ def test_contiguous_attention_refuses_an_overflowing_reservation_before_any_writ
     assert cache.k.abs().sum() == 0 and cache.stats().used_slots == 0  # the neighbour's buffer is intact
     with pytest.raises(ValueError, match=r"need 0 <= q_len \(3\) <= context_len \(2\)"):
         attn.set_batch(["small"], [3], [2])
+
+
+def test_split_decode_groups_equal_the_reference():
+    lens = [4, 300, 8, 5, 290, 6, 7, 310, 280, 9]
+    q, k_cache, v_cache, meta = make_batch(16, 8, 2, 16, [1] * 10, lens, seed=4)
+    plan = batched.plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, 16)
+    assert len(plan.decode) == 2
+    args = (q, k_cache, v_cache, meta.block_tables, meta.context_lens)
+    got = batched.paged_decode_attention(*args, plan=plan)
+    torch.testing.assert_close(got, reference.paged_decode_attention(*args), rtol=1e-5, atol=1e-5)

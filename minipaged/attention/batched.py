@@ -18,7 +18,9 @@ so the cost of a layer no longer grows with a Python loop over sequences:
 
 Decode rows (``q_len == 1``) are kept apart from prefill rows: padded to a long prompt's
 ``q_len`` they would cost that many times their work. So a mixed step is two calls — one over
-every decoding sequence, one over every prefilling one — never a loop over sequences.
+every decoding sequence, one over every prefilling one — never a loop over sequences. When the
+decoding sequences' contexts differ a lot, they are split once more into short and long
+(:func:`split_by_length`), so short contexts are not padded to the longest.
 
 Which rows go where, and the masks, depend only on the step's lengths: :func:`plan_batch`
 computes them once per step, and every layer reuses the :class:`BatchPlan`.
@@ -62,10 +64,15 @@ class RowGroup:
 
 @dataclass
 class BatchPlan:
-    """The decode group and the prefill group of one step (either may be None)."""
+    """The row groups of one step: decode groups (one, or two when the contexts differ much) and
+    at most one prefill group."""
 
-    decode: RowGroup | None
+    decode: list[RowGroup]
     prefill: RowGroup | None
+
+    @property
+    def groups(self) -> list[RowGroup]:
+        return self.decode + ([self.prefill] if self.prefill is not None else [])
 
 
 def _group(
@@ -79,6 +86,15 @@ def _group(
     if not seqs:
         return None
     device = block_tables.device
+    if len(seqs) == len(q_lens) == sum(q_lens):  # a pure decode step: the common case, kept cheap
+        ctx = torch.tensor(context_lens, dtype=torch.long, device=device)
+        num_blocks = cdiv(max(context_lens), block_size)
+        every = torch.arange(len(seqs), device=device)
+        visible = torch.arange(num_blocks * block_size, device=device)[None, :] < ctx[:, None]
+        return RowGroup(
+            seqs=every, rows=every, flat=every, blocks=block_tables[:, :num_blocks].long().flatten(),
+            mask=visible[:, None, None, :], max_q_len=1, num_blocks=num_blocks, all_rows=True,
+        )
     ql = torch.tensor([q_lens[s] for s in seqs], dtype=torch.long)
     ctx = torch.tensor([context_lens[s] for s in seqs], dtype=torch.long)
     first = torch.tensor([starts[s] for s in seqs], dtype=torch.long)
@@ -99,7 +115,7 @@ def _group(
         mask=mask[:, None].to(device),
         max_q_len=max_q,
         num_blocks=num_blocks,
-        all_rows=max_q == 1 and len(seqs) == len(q_lens) == sum(q_lens),
+        all_rows=False,
     )
 
 
@@ -113,10 +129,26 @@ def plan_batch(
         starts.append(starts[-1] + n)
     decode = [s for s, n in enumerate(q_lens) if n == 1]
     prefill = [s for s, n in enumerate(q_lens) if n > 1]
-    return BatchPlan(
-        decode=_group(decode, q_lens, context_lens, starts, block_tables, block_size),
-        prefill=_group(prefill, q_lens, context_lens, starts, block_tables, block_size),
-    )
+    decode_groups = [_group(d, q_lens, context_lens, starts, block_tables, block_size)
+                     for d in split_by_length(decode, context_lens, block_size) if d]
+    return BatchPlan(decode_groups, _group(prefill, q_lens, context_lens, starts, block_tables, block_size))
+
+
+def split_by_length(seqs: list[int], context_lens: Sequence[int], block_size: int) -> list[list[int]]:
+    """One group, or two (short contexts, long contexts) when that gathers and attends over at
+    least 30% fewer padded keys: every sequence of a group is padded to the group's longest."""
+    if len(seqs) < 8:
+        return [seqs]
+    order = sorted(seqs, key=lambda s: context_lens[s])
+    blocks = [cdiv(context_lens[s], block_size) for s in order]
+    best, cut = len(order) * blocks[-1], 0
+    for i in range(4, len(order) - 3):  # each part keeps at least 4 sequences: a call has a cost
+        area = i * blocks[i - 1] + (len(order) - i) * blocks[-1]
+        if area < best:
+            best, cut = area, i
+    if cut == 0 or best > 0.7 * len(order) * blocks[-1]:
+        return [seqs]
+    return [sorted(order[:cut]), sorted(order[cut:])]
 
 
 def store_kvcache(
@@ -192,9 +224,8 @@ def paged_prefill_attention(
         q_lens = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
         plan = plan_batch(q_lens, context_lens.tolist(), block_tables, k_cache.shape[1])
     out = torch.empty_like(q)
-    for grp in (plan.decode, plan.prefill):
-        if grp is not None:
-            _attend_group(out, q, k_cache, v_cache, grp, scale)
+    for grp in plan.groups:
+        _attend_group(out, q, k_cache, v_cache, grp, scale)
     return out
 
 

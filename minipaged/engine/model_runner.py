@@ -39,7 +39,7 @@ class ModelRunner:
         input_ids: list[int] = []
         for seq, start, n in zip(batch.seqs, starts, batch.q_lens):
             input_ids += seq.token_ids[start : start + n]
-        positions = torch.cat([torch.arange(a, a + n) for a, n in zip(starts, batch.q_lens)])
+        positions = torch.tensor([p for a, n in zip(starts, batch.q_lens) for p in range(a, a + n)])
         if isinstance(self.attn, PagedAttention):
             tables = [s.block_table.block_ids for s in batch.seqs]
             block_size = batch.seqs[0].block_table.block_size
