@@ -74,7 +74,9 @@ def test_waste_bars():
 def test_fragmentation_plot_keeps_each_system_s_colour():
     trace = synthetic_trace(12, seed=0, mean_prompt=24, mean_output=16, max_len=64, arrival_rate=0.5)
     result = simulate_contiguous_vs_paged(trace, num_slots=256, block_size=16, max_seq_len=64, reserve="exact")
-    fig = draw_fragmentation(result, num_slots=256)
+    assert result["reserve"] == "exact"
+    bare = {k: v for k, v in result.items() if k != "reserve"}  # not told how the contiguous run reserved
+    fig = draw_fragmentation(bare, num_slots=256)
     top, middle, bottom = fig.axes
     assert len(top.lines) == 4 and len(middle.lines) == 2 and len(bottom.lines) == 2
     assert list(bottom.lines[1].get_ydata()) == result["paged"]["admitted"]
@@ -83,7 +85,7 @@ def test_fragmentation_plot_keeps_each_system_s_colour():
     assert matplotlib.colors.same_color(bottom.lines[0].get_color(), CONTIGUOUS_MAX)  # a bare "contiguous"
     assert matplotlib.colors.same_color(bottom.lines[1].get_color(), PAGED)
     # Told how the contiguous run reserved, it takes that series' colour; other labels work too.
-    fig = draw_fragmentation({**result, "reserve": "exact"})
+    fig = draw_fragmentation(result)
     assert [t.get_text() for t in fig.legends[0].get_texts()][0] == "contiguous, exact"
     assert matplotlib.colors.same_color(fig.axes[2].lines[0].get_color(), CONTIGUOUS_EXACT)
     fig = draw_fragmentation({"time": result["time"], "contiguous, exact": result["contiguous"],
