@@ -169,7 +169,8 @@ class LLM:
             if rows_seqs:
                 rows = [r for r, _ in rows_seqs]
                 seqs = [s for _, s in rows_seqs]
-                tokens = sample(logits[rows], [s.params for s in seqs], [s.generator for s in seqs])
+                picked = logits if rows == list(range(len(logits))) else logits[rows]  # often every row
+                tokens = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
                 done = {s.request_id for s in self.scheduler.postprocess(seqs, tokens)}
         self._step += 1
         peak = self.counters["peak_slots_allocated"]

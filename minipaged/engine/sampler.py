@@ -24,8 +24,10 @@ def sample(
 ) -> list[int]:
     """logits: [num_rows, vocab] (fp32); params and generators: one per row -> one token id per row."""
     num_rows, vocab = logits.shape
-    tokens = torch.empty(num_rows, dtype=torch.long)
     greedy = [i for i, p in enumerate(params) if p.greedy]
+    if len(greedy) == num_rows:  # the common case: one argmax, nothing to gather
+        return logits.argmax(-1).tolist()
+    tokens = torch.empty(num_rows, dtype=torch.long)
     if greedy:
         tokens[greedy] = logits[greedy].argmax(-1).cpu()
     rows = [i for i, p in enumerate(params) if not p.greedy]
