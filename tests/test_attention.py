@@ -90,20 +90,23 @@ def test_plan_splits_decode_rows_from_prefill_rows():
     plan = batched.plan_batch([1, 5, 0, 1, 3], [10, 5, 4, 2, 20], tables, block_size=4)
     (decode,) = plan.decode
     assert decode.seqs.tolist() == [0, 3] and decode.rows.tolist() == [0, 6]
-    assert plan.prefill.seqs.tolist() == [1, 4] and plan.prefill.rows.tolist() == [1, 2, 3, 4, 5, 7, 8, 9]
-    assert plan.prefill.max_q_len == 5 and plan.prefill.num_blocks == 5  # ceil(20 / 4)
+    (prefill,) = plan.prefill
+    assert prefill.seqs.tolist() == [1, 4] and prefill.rows.tolist() == [1, 2, 3, 4, 5, 7, 8, 9]
+    assert prefill.max_q_len == 5 and prefill.num_blocks == 5  # ceil(20 / 4)
     # query 0 of the 3 new tokens of a 20-token context sits at position 17: it sees keys 0..17
-    assert plan.prefill.mask[1, 0, 0].nonzero().flatten().tolist() == list(range(18))
-    assert plan.prefill.blocks.tolist() == list(range(6, 11)) + list(range(24, 29))  # 5 blocks of seqs 1 and 4
+    assert prefill.mask[1, 0, 0].nonzero().flatten().tolist() == list(range(18))
+    assert prefill.blocks.tolist() == list(range(6, 11)) + list(range(24, 29))  # 5 blocks of seqs 1 and 4
     assert not decode.all_rows and batched.plan_batch([1, 1], [3, 4], tables[:2], 4).decode[0].all_rows
     assert batched.plan_batch([0, 0], [3, 4], tables[:2], 4).decode == []
 
 
 def test_decode_rows_split_by_context_length_when_it_saves_padding():
-    lens = [4, 300, 8, 5, 290, 6, 7, 310, 280, 9]
-    assert batched.split_by_length(list(range(10)), lens, 16) == [[0, 2, 3, 5, 6, 9], [1, 4, 7, 8]]
-    assert batched.split_by_length(list(range(10)), [300] * 10, 16) == [list(range(10))]
-    assert batched.split_by_length([0, 1, 2], lens, 16) == [[0, 1, 2]]
+    lens, ones = [4, 300, 8, 5, 290, 6, 7, 310, 280, 9], [1] * 10
+    assert batched.split_by_length(list(range(10)), ones, lens, 16) == [[0, 2, 3, 5, 6, 9], [1, 4, 7, 8]]
+    assert batched.split_by_length(list(range(10)), ones, [300] * 10, 16) == [list(range(10))]
+    assert batched.split_by_length([0, 1, 2], ones, lens, 16) == [[0, 1, 2]]
+    # prefill rows: padded to the longest q_len as well
+    assert batched.split_by_length([0, 1, 2, 3], [200, 10, 190, 12], [200, 10, 190, 12], 16, 2) == [[1, 3], [0, 2]]
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch"])
@@ -204,3 +207,13 @@ def test_split_decode_groups_equal_the_reference():
     args = (q, k_cache, v_cache, meta.block_tables, meta.context_lens)
     got = batched.paged_decode_attention(*args, plan=plan)
     torch.testing.assert_close(got, reference.paged_decode_attention(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_split_prefill_groups_equal_the_reference():
+    q_lens, ctx = [200, 10, 190, 12, 1, 1], [230, 10, 190, 40, 300, 3]
+    q, k_cache, v_cache, meta = make_batch(16, 8, 2, 16, q_lens, ctx, seed=5)
+    plan = batched.plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, 16)
+    assert len(plan.prefill) == 2 and len(plan.decode) == 1
+    args = (q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens)
+    got = batched.paged_prefill_attention(*args, plan=plan)
+    torch.testing.assert_close(got, reference.paged_prefill_attention(*args), rtol=1e-5, atol=1e-5)

@@ -19,8 +19,8 @@ so the cost of a layer no longer grows with a Python loop over sequences:
 Decode rows (``q_len == 1``) are kept apart from prefill rows: padded to a long prompt's
 ``q_len`` they would cost that many times their work. So a mixed step is two calls — one over
 every decoding sequence, one over every prefilling one — never a loop over sequences. When the
-decoding sequences' contexts differ a lot, they are split once more into short and long
-(:func:`split_by_length`), so short contexts are not padded to the longest.
+lengths within a group differ a lot, it is split once more into short and long
+(:func:`split_by_length`), so short sequences are not padded to the longest.
 
 Which rows go where, and the masks, depend only on the step's lengths: :func:`plan_batch`
 computes them once per step, and every layer reuses the :class:`BatchPlan`.
@@ -64,15 +64,15 @@ class RowGroup:
 
 @dataclass
 class BatchPlan:
-    """The row groups of one step: decode groups (one, or two when the contexts differ much) and
-    at most one prefill group."""
+    """The row groups of one step: decode groups and prefill groups (one of each, or two when the
+    lengths in a group differ much)."""
 
     decode: list[RowGroup]
-    prefill: RowGroup | None
+    prefill: list[RowGroup]
 
     @property
     def groups(self) -> list[RowGroup]:
-        return self.decode + ([self.prefill] if self.prefill is not None else [])
+        return self.decode + self.prefill
 
 
 def _group(
@@ -129,24 +129,37 @@ def plan_batch(
         starts.append(starts[-1] + n)
     decode = [s for s, n in enumerate(q_lens) if n == 1]
     prefill = [s for s, n in enumerate(q_lens) if n > 1]
-    decode_groups = [_group(d, q_lens, context_lens, starts, block_tables, block_size)
-                     for d in split_by_length(decode, context_lens, block_size) if d]
-    return BatchPlan(decode_groups, _group(prefill, q_lens, context_lens, starts, block_tables, block_size))
+
+    def groups(seqs: list[int], min_size: int) -> list[RowGroup]:
+        parts = split_by_length(seqs, q_lens, context_lens, block_size, min_size)
+        return [_group(p, q_lens, context_lens, starts, block_tables, block_size) for p in parts if p]
+
+    return BatchPlan(groups(decode, 4), groups(prefill, 2))
 
 
-def split_by_length(seqs: list[int], context_lens: Sequence[int], block_size: int) -> list[list[int]]:
-    """One group, or two (short contexts, long contexts) when that gathers and attends over at
-    least 30% fewer padded keys: every sequence of a group is padded to the group's longest."""
-    if len(seqs) < 8:
+def split_by_length(
+    seqs: list[int], q_lens: Sequence[int], context_lens: Sequence[int], block_size: int, min_size: int = 4
+) -> list[list[int]]:
+    """One group, or two (short, long) when that computes at least 30% fewer padded scores.
+
+    Every sequence of a group is padded to the group's longest ``q_len`` and context, so a group
+    costs about ``len(group) x max q_len x max context``; a split must leave ``min_size``
+    sequences on each side, since each call has a fixed cost too.
+    """
+    if len(seqs) < 2 * min_size:
         return [seqs]
-    order = sorted(seqs, key=lambda s: context_lens[s])
-    blocks = [cdiv(context_lens[s], block_size) for s in order]
-    best, cut = len(order) * blocks[-1], 0
-    for i in range(4, len(order) - 3):  # each part keeps at least 4 sequences: a call has a cost
-        area = i * blocks[i - 1] + (len(order) - i) * blocks[-1]
-        if area < best:
-            best, cut = area, i
-    if cut == 0 or best > 0.7 * len(order) * blocks[-1]:
+    order = sorted(seqs, key=lambda s: (context_lens[s], q_lens[s]))
+
+    def cost(part: list[int]) -> int:
+        return len(part) * max(q_lens[s] for s in part) * cdiv(max(context_lens[s] for s in part), block_size)
+
+    whole = cost(order)
+    best, cut = whole, 0
+    for i in range(min_size, len(order) - min_size + 1):
+        split = cost(order[:i]) + cost(order[i:])
+        if split < best:
+            best, cut = split, i
+    if cut == 0 or best > 0.7 * whole:
         return [seqs]
     return [sorted(order[:cut]), sorted(order[cut:])]
 
