@@ -149,14 +149,17 @@ def split_by_length(
     if len(seqs) < 2 * min_size:
         return [seqs]
     order = sorted(seqs, key=lambda s: (context_lens[s], q_lens[s]))
-
-    def cost(part: list[int]) -> int:
-        return len(part) * max(q_lens[s] for s in part) * cdiv(max(context_lens[s] for s in part), block_size)
-
-    whole = cost(order)
+    n = len(order)
+    blocks = [cdiv(context_lens[s], block_size) for s in order]  # rising: a part's longest is its last
+    q_head, q_tail = [0] * (n + 1), [0] * (n + 1)  # longest q_len of order[:i] and of order[i:]
+    for i, s in enumerate(order):
+        q_head[i + 1] = max(q_head[i], q_lens[s])
+    for i in range(n - 1, -1, -1):
+        q_tail[i] = max(q_tail[i + 1], q_lens[order[i]])
+    whole = n * q_head[n] * blocks[-1]
     best, cut = whole, 0
-    for i in range(min_size, len(order) - min_size + 1):
-        split = cost(order[:i]) + cost(order[i:])
+    for i in range(min_size, n - min_size + 1):
+        split = i * q_head[i] * blocks[i - 1] + (n - i) * q_tail[i] * blocks[-1]
         if split < best:
             best, cut = split, i
     if cut == 0 or best > 0.7 * whole:
