@@ -20,7 +20,10 @@ from minipaged.kv.prefix_cache import PrefixCache, chain_hashes
 
 
 class KVManager(Protocol):
-    """What the scheduler asks of KV memory."""
+    """What the scheduler asks of KV memory. ``copies``: the (src, dst) block copies that
+    copy-on-write decided this step and that the model runner carries out before the forward."""
+
+    copies: list[tuple[int, int]]
 
     def admit(self, seq: Sequence, token_budget: int) -> int:
         """Take a waiting sequence in: share its cached prefix, then make room for up to
@@ -193,6 +196,7 @@ class ContiguousKVManager:
     def __init__(self, cache: ContiguousKVCache, block_size: int) -> None:
         self.cache = cache
         self.block_size = block_size  # only to report free memory in blocks, like the paged pool
+        self.copies: list[tuple[int, int]] = []  # always empty: nothing is shared, nothing copied
 
     def admit(self, seq: Sequence, token_budget: int) -> int:
         if not self.cache.can_reserve():

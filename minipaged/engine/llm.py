@@ -153,7 +153,7 @@ class LLM:
         done: set[int] = set()
         if batch.seqs:
             try:
-                logits = self.runner.run(batch, self.kv_manager.copies if self.config.kv_layout == "paged" else ())
+                logits = self.runner.run(batch, self.kv_manager.copies)
             except BaseException:
                 self.kv_manager.drop_unwritten()  # what this step published holds no K/V
                 raise

@@ -32,9 +32,6 @@ class ScheduledBatch:
     q_lens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
 
-    def __len__(self) -> int:
-        return len(self.seqs)
-
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
         self.q_lens.append(num_tokens)
