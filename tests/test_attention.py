@@ -94,7 +94,8 @@ def test_plan_splits_decode_rows_from_prefill_rows():
     assert prefill.seqs.tolist() == [1, 4] and prefill.rows.tolist() == [1, 2, 3, 4, 5, 7, 8, 9]
     assert prefill.max_q_len == 5 and prefill.num_blocks == 5  # ceil(20 / 4)
     # query 0 of the 3 new tokens of a 20-token context sits at position 17: it sees keys 0..17
-    assert prefill.mask[1, 0, 0].nonzero().flatten().tolist() == list(range(18))
+    assert (prefill.bias[1, 0, 0] == 0).nonzero().flatten().tolist() == list(range(18))
+    assert prefill.bias[1, 0, 0, 18:].eq(float("-inf")).all()
     assert prefill.blocks.tolist() == list(range(6, 11)) + list(range(24, 29))  # 5 blocks of seqs 1 and 4
     assert not decode.all_rows and batched.plan_batch([1, 1], [3, 4], tables[:2], 4).decode[0].all_rows
     assert batched.plan_batch([0, 0], [3, 4], tables[:2], 4).decode == []

@@ -10,7 +10,6 @@ import time
 from collections import defaultdict
 
 from minipaged import LLM
-from minipaged.engine import llm as llm_module
 
 PHASES = ("schedule", "prepare", "forward", "sample")
 
@@ -39,16 +38,13 @@ class StepTimer:
         self._wrap(llm.scheduler, "schedule", "schedule")
         self._wrap(llm.runner, "prepare", "prepare")
         self._wrap(llm.model, "forward", "forward")
-        self._wrap(llm_module, "sample", "sample")
+        self._wrap(llm.runner, "sample", "sample")
         self._wrap(llm, "_run", "total")
         return self
 
     def __exit__(self, *exc) -> None:
-        for owner, attr, original in reversed(self._saved):
-            if owner is llm_module:
-                setattr(owner, attr, original)
-            else:
-                delattr(owner, attr)  # the instance attribute hid the class's method
+        for owner, attr, _ in reversed(self._saved):
+            delattr(owner, attr)  # the instance attribute hid the class's method
 
     def shares(self) -> dict[str, float]:
         """Each phase's share of the total; ``other`` is the rest (postprocess, bookkeeping)."""

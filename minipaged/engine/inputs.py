@@ -44,6 +44,15 @@ def as_params_list(params: SamplingParams | Seq[SamplingParams] | None, num_prom
     return params
 
 
+def encode(prompt: Prompt, index: int, tokenizer) -> tuple[str | None, list[int]]:
+    """-> (the text, or None for token ids; the ids). A text prompt needs a tokenizer."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError(f"prompt {index} is text but this model folder has no tokenizer: pass token ids")
+        return prompt, tokenizer.encode(prompt)
+    return None, token_ids_of(prompt, index)
+
+
 def token_ids_of(prompt: object, index: int) -> list[int]:
     """The ids of a token-id prompt, as Python ints; TypeError for anything that is not integer ids."""
     if isinstance(prompt, (np.ndarray, torch.Tensor)):

@@ -21,9 +21,11 @@ from minipaged.kv.prefix_cache import PrefixCache, chain_hashes
 
 class KVManager(Protocol):
     """What the scheduler asks of KV memory. ``copies``: the (src, dst) block copies that
-    copy-on-write decided this step and that the model runner carries out before the forward."""
+    copy-on-write decided this step and that the model runner carries out before the forward;
+    ``peak_slots_allocated``: the most slots ever allocated at the end of a step."""
 
     copies: list[tuple[int, int]]
+    peak_slots_allocated: int
 
     def admit(self, seq: Sequence, token_budget: int) -> int:
         """Take a waiting sequence in: share its cached prefix, then make room for up to
@@ -40,7 +42,7 @@ class KVManager(Protocol):
     def free(self, seq: Sequence) -> None: ...
 
     def mark_written(self) -> None:
-        """The step ran: every slot handed out for it now holds K/V."""
+        """The step ran: every slot handed out for it now holds K/V (and the peak is updated)."""
         ...
 
     def drop_unwritten(self) -> None:
@@ -62,6 +64,7 @@ class PagedKVManager:
         self.pool = BlockPool(num_blocks)
         self.prefix_cache = PrefixCache(self.pool) if enable_prefix_caching else None
         self.copies: list[tuple[int, int]] = []  # (src, dst) block copies the runner owes this step
+        self.peak_slots_allocated = 0
         self.hit_tokens = 0
         self.num_cow_copies = 0
         self._unwritten: list[KVCacheBlock] = []  # published this step, K/V not computed yet
@@ -155,6 +158,7 @@ class PagedKVManager:
     def mark_written(self) -> None:
         self._unwritten.clear()
         self.copies.clear()
+        self.peak_slots_allocated = max(self.peak_slots_allocated, self.slots_allocated())
 
     def drop_unwritten(self) -> None:
         # The copy-on-write copies stay owed: a retried step still needs them.
@@ -197,6 +201,7 @@ class ContiguousKVManager:
         self.cache = cache
         self.block_size = block_size  # only to report free memory in blocks, like the paged pool
         self.copies: list[tuple[int, int]] = []  # always empty: nothing is shared, nothing copied
+        self.peak_slots_allocated = 0
 
     def admit(self, seq: Sequence, token_budget: int) -> int:
         if not self.cache.can_reserve():
@@ -219,7 +224,7 @@ class ContiguousKVManager:
             self.cache.remove_sequence(seq.seq_id)
 
     def mark_written(self) -> None:
-        pass
+        self.peak_slots_allocated = max(self.peak_slots_allocated, self.slots_allocated())
 
     def drop_unwritten(self) -> None:
         pass

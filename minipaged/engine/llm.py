@@ -4,9 +4,9 @@
     out = llm.generate(["abc<copy>hello<end>"], SamplingParams(temperature=0))
     out[0].outputs[0].text                        # 'hello'
 
-One step: the :class:`Scheduler` picks the work, the :class:`ModelRunner` packs it and runs the
-model, :func:`sample` draws every row at once, and the scheduler's ``postprocess`` appends the
-tokens and finishes what is done. For notebooks there is a step-level API:
+One step: the :class:`Scheduler` picks the work, the :class:`ModelRunner` packs it, runs the
+model and samples every row at once, and the scheduler's ``postprocess`` appends the tokens and
+finishes what is done. For notebooks there is a step-level API:
 :meth:`LLM.add_request`, :meth:`LLM.step` (returns a :class:`StepSnapshot`),
 :meth:`LLM.abort_request` and :meth:`LLM.kv_stats`.
 """
@@ -21,26 +21,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minipaged.attention.backends import get_ops
-from minipaged.attention.cache_attention import ContiguousAttention, PagedAttention
 from minipaged.engine import inputs
 from minipaged.engine.config import EngineConfig
 from minipaged.engine.kv_manager import ContiguousKVManager, PagedKVManager
 from minipaged.engine.model_runner import ModelRunner
-from minipaged.engine.outputs import (
-    RequestOutput,
-    StepSnapshot,
-    describe_batch,
-    kv_stats,
-    request_output,
-    take_snapshot,
-)
-from minipaged.engine.sampler import sample
+from minipaged.engine.outputs import Request, RequestOutput, StepSnapshot, describe_batch, kv_stats, take_snapshot
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence
-from minipaged.kv.contiguous import ContiguousKVCache
-from minipaged.kv.slot_mapping import PagedKVCache
 from minipaged.model.loader import load_model
 
 log = logging.getLogger("minipaged")
@@ -72,46 +60,26 @@ class LLM:
         self.num_blocks, why = cfg.num_blocks(mc, dtype, device)
         if cfg.num_kvcache_blocks is None:
             log.info("KV cache: %s", why)
-        shape = (mc.num_hidden_layers, self.num_blocks, cfg.block_size, mc.num_key_value_heads, mc.head_dim)
-        ops = get_ops(cfg.attention_backend, device)
+        self.runner = ModelRunner(self.model, cfg, self.num_blocks, self.max_model_len)
+        self.kv_cache = self.runner.kv_cache  # the tensors; the manager below only hands out slots
         if cfg.kv_layout == "paged":
-            self.kv_cache = PagedKVCache(*shape, dtype=dtype, device=device)
             self.kv_manager = PagedKVManager(self.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-            self.runner = ModelRunner(self.model, PagedAttention.of(self.kv_cache, ops), self.kv_cache)
         else:
-            num_slots = self.num_blocks * cfg.block_size
-            if num_slots < self.max_model_len:
-                raise ValueError(
-                    f"a contiguous cache of {num_slots} slots cannot hold one sequence of "
-                    f"max_model_len={self.max_model_len}: give more num_kvcache_blocks"
-                )
-            self.kv_cache = ContiguousKVCache(
-                shape[0], *shape[3:], max_seq_len=self.max_model_len, num_slots=num_slots, dtype=dtype, device=device
-            )
             self.kv_manager = ContiguousKVManager(self.kv_cache, cfg.block_size)
-            self.runner = ModelRunner(self.model, ContiguousAttention(self.kv_cache, ops))
         self.scheduler = Scheduler(
             self.kv_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len, mc.eos_token_ids
         )
         self._request_ids = itertools.count()
-        self._requests: dict[int, tuple[str | None, list[int], list[Sequence]]] = {}
+        self._requests: dict[int, Request] = {}
         self._step = 0
-        self.counters = dict(prefill_tokens_computed=0, peak_slots_allocated=0)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: inputs.Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; returns its id. Raises (and queues nothing) on bad input."""
         return self._add_many([prompt], [params or SamplingParams()])[0]
 
-    def _encode(self, prompt: inputs.Prompt, index: int) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"prompt {index} is text but this model folder has no tokenizer: pass token ids")
-            return prompt, self.tokenizer.encode(prompt)
-        return None, inputs.token_ids_of(prompt, index)
-
     def _add_many(self, prompts: list[inputs.Prompt], params: list[SamplingParams]) -> list[int]:
-        encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
+        encoded = [inputs.encode(p, i, self.tokenizer) for i, p in enumerate(prompts)]
         cfg, paged = self.config, self.config.kv_layout == "paged"
         for i, ((_, ids), sp) in enumerate(zip(encoded, params)):
             inputs.check_request(
@@ -124,7 +92,7 @@ class LLM:
             seqs = Sequence.for_request(rid, ids, sp, self.block_size, fork_later=paged)
             for s in seqs:
                 self.scheduler.add(s)
-            self._requests[rid] = (text, ids, seqs)
+            self._requests[rid] = Request(rid, text, ids, seqs[0].family)
             request_ids.append(rid)
         return request_ids
 
@@ -135,7 +103,7 @@ class LLM:
         if unknown:
             raise ValueError(f"no request with id {unknown[0]} was ever added")
         for rid in ids:
-            self.scheduler.abort(list(self._requests[rid][2]))
+            self.scheduler.abort(list(self._requests[rid].seqs))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -158,33 +126,20 @@ class LLM:
                 self.kv_manager.drop_unwritten()  # what this step published holds no K/V
                 raise
             self.kv_manager.mark_written()
-            self.counters["prefill_tokens_computed"] += sum(
-                n for s, n in zip(batch.seqs, batch.q_lens) if not s.is_decode(n)
-            )
-            rows_seqs = self.scheduler.advance(batch)
-            for _, seq in rows_seqs:
-                family = self._requests[seq.request_id][2]
-                if seq.sample_index == len(family):  # a sample just forked from its parent
-                    family.append(seq)
+            rows_seqs = self.scheduler.advance(batch)  # forks n samples whose prompt is done
             if rows_seqs:
-                rows = [r for r, _ in rows_seqs]
-                seqs = [s for _, s in rows_seqs]
-                picked = logits if rows == list(range(len(logits))) else logits[rows]  # often every row
-                tokens = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
-                done = {s.request_id for s in self.scheduler.postprocess(seqs, tokens)}
+                tokens = self.runner.sample(logits, rows_seqs)
+                done = {s.request_id for s in self.scheduler.postprocess([s for _, s in rows_seqs], tokens)}
         self._step += 1
-        peak = self.counters["peak_slots_allocated"]
-        self.counters["peak_slots_allocated"] = max(peak, self.kv_manager.slots_allocated())
         outputs = [self._output(r) for r in sorted(done)]
         return [o for o in outputs if o.finished]
 
     def _output(self, request_id: int) -> RequestOutput:
-        text, ids, seqs = self._requests[request_id]
-        return request_output(request_id, text, ids, seqs, self.tokenizer)
+        return self._requests[request_id].output(self.tokenizer)
 
     def kv_stats(self) -> dict:
         """Pool figures: blocks, free blocks, preemptions, live tokens vs allocated slots, prefix hits."""
-        return kv_stats(self.kv_manager, self.scheduler, self.num_blocks, self.block_size, self.counters)
+        return kv_stats(self.kv_manager, self.scheduler, self.num_blocks, self.block_size)
 
     # -- the batch API ---------------------------------------------------------------------
     def generate(

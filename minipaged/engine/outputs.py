@@ -35,16 +35,26 @@ class RequestOutput:
         return all(o.finish_reason is not None for o in self.outputs)
 
 
-def request_output(
-    request_id: int, prompt: str | None, prompt_ids: list[int], seqs: list[Sequence], tokenizer
-) -> RequestOutput:
-    """One request's output: its samples in order, decoded without the stop token."""
-    outs = []
-    for s in sorted(seqs, key=lambda s: s.sample_index):
-        shown = s.output_token_ids[:-1] if s.finish_reason == "stop" else s.output_token_ids
-        text = tokenizer.decode(shown) if tokenizer is not None else ""
-        outs.append(CompletionOutput(s.sample_index, text, s.output_token_ids, s.finish_reason))
-    return RequestOutput(request_id, prompt, prompt_ids, outs, seqs[0].num_cached_tokens)
+@dataclass
+class Request:
+    """What the engine keeps of one request: the prompt and its sequences (``seqs`` is the
+    family list the samples share, so samples forked later appear in it)."""
+
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+
+    def output(self, tokenizer) -> RequestOutput:
+        """The request's output so far: its samples in order, decoded without the stop token."""
+        outs = []
+        for s in sorted(self.seqs, key=lambda s: s.sample_index):
+            shown = s.output_token_ids[:-1] if s.finish_reason == "stop" else s.output_token_ids
+            text = tokenizer.decode(shown) if tokenizer is not None else ""
+            outs.append(CompletionOutput(s.sample_index, text, s.output_token_ids, s.finish_reason))
+        return RequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids, outs, self.seqs[0].num_cached_tokens
+        )
 
 
 @dataclass
@@ -107,7 +117,7 @@ def take_snapshot(
     return snap
 
 
-def kv_stats(kv: KVManager, scheduler: Scheduler, num_blocks: int, block_size: int, counters: dict) -> dict:
+def kv_stats(kv: KVManager, scheduler: Scheduler, num_blocks: int, block_size: int) -> dict:
     """Pool figures: blocks, free blocks, preemptions, live tokens vs allocated slots, prefix hits."""
     stats = dict(
         kv_layout="paged" if isinstance(kv, PagedKVManager) else "contiguous",
@@ -116,7 +126,8 @@ def kv_stats(kv: KVManager, scheduler: Scheduler, num_blocks: int, block_size: i
         num_preemptions=scheduler.num_preemptions,
         tokens_held=kv.tokens_held(scheduler.running),
         slots_allocated=kv.slots_allocated(),
-        **counters,
+        prefill_tokens_computed=scheduler.num_prefill_tokens_computed,
+        peak_slots_allocated=kv.peak_slots_allocated,
     )
     stats.update(kv.stats())
     return stats

@@ -59,6 +59,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
         self.num_preemptions = 0
+        self.num_prefill_tokens_computed = 0  # prompts, chunks and recomputation: every token but decodes
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -117,6 +118,8 @@ class Scheduler:
         finished prompt included: they sample from their parent's row."""
         to_sample = []
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.q_lens)):
+            if not seq.is_decode(n):
+                self.num_prefill_tokens_computed += n
             seq.num_computed_tokens += n
             if seq.num_computed_tokens < len(seq):
                 continue  # a prefill chunk that did not reach the end: nothing to sample yet

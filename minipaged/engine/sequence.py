@@ -50,6 +50,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # hashes of this sequence's full blocks, in order
         self.finish_reason: str | None = None
         self.fork_pending = params.n > 1 and sample_index == 0  # parent of n samples, not yet forked
+        self.family: list[Sequence] = [self]  # the request's samples, shared by all of them (see fork)
         self.generator = None
         if params.seed is not None:
             # One stream per (request seed, sample): independent of batching and preemption.
@@ -67,6 +68,7 @@ class Sequence:
         seqs = [cls(request_id, prompt_token_ids, params, block_size, sample_index=i) for i in range(params.n)]
         for s in seqs:
             s.fork_pending = False
+            s.family = seqs
         return seqs
 
     def __len__(self) -> int:
@@ -95,7 +97,8 @@ class Sequence:
         return num_new_tokens == 1 and self.num_output_tokens > 0 and self.num_computed_tokens == len(self) - 1
 
     def fork(self, sample_index: int) -> Sequence:
-        """A sibling sample with the same tokens so far; blocks are shared by the block manager."""
+        """A sibling sample with the same tokens so far, joining the family; blocks are shared by
+        the block manager."""
         child = Sequence(
             self.request_id,
             self.token_ids[: self.num_prompt_tokens],
@@ -108,4 +111,6 @@ class Sequence:
         child.num_cached_tokens = self.num_cached_tokens
         child.block_hashes = list(self.block_hashes)
         child.status = self.status
+        child.family = self.family
+        self.family.append(child)
         return child
