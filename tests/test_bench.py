@@ -12,6 +12,7 @@ import pytest
 from minipaged import LLM, SamplingParams
 from minipaged.bench import engine, kernels, memory, prefix
 from minipaged.bench.step_timer import PHASES, StepTimer
+from minipaged.model.tokenizer import ByteTokenizer
 from minipaged.tiny import task
 
 
@@ -110,7 +111,41 @@ def test_paged_runs_more_sequences_than_contiguous_on_one_budget(capsys):
     assert paged.output_tokens == 32
     assert max(paged.running) == 4 and max(contiguous.running) == 2
     assert paged.utilization > contiguous.utilization
-    assert len(paged.stats) == len(paged.running)  # one kv_stats() per step
+    assert len(paged.stats) == len(paged.running) == len(paged.steps)  # one kv_stats() per step
+    # every step is counted: its decode rows and prefill tokens add up to what was computed
+    tokenizer = ByteTokenizer(task.SPECIAL_TOKENS, task.EOS)
+    computed = sum(len(t) - 1 for t in contiguous.tokens) + sum(len(tokenizer.encode(p)) for p, _ in requests)
+    assert sum(d + p for _, d, p in contiguous.steps) == computed
+    assert paged.seconds == pytest.approx(sum(t for t, _, _ in paged.steps))
+
+
+def test_step_cost_fit_recovers_known_costs():
+    """Steps timed as 1 ms + 50 us per decode row + 20 us per prefill token give back those costs."""
+    run = engine.EngineRun("synthetic")
+    for d, p in [(1, 0), (4, 0), (9, 0), (2, 300), (0, 120), (7, 40), (3, 0), (5, 500)]:
+        run.steps.append((1e-3 + 50e-6 * d + 20e-6 * p, d, p))
+    cost = engine.StepCost.fit([run])
+    assert cost.per_step == pytest.approx(1e-3) and cost.per_decode == pytest.approx(50e-6)
+    assert cost.per_prefill == pytest.approx(20e-6)
+    assert cost.seconds(10, 100, 1000) == pytest.approx(10e-3 + 5e-3 + 20e-3)
+
+
+def test_fewest_steps_is_slots_held_over_pool_slots():
+    # prompt 3 + 2 outputs, block size 4: one block (4 slots) in each of its 2 steps; prompt 4 + 3
+    # outputs: 4 tokens fit one block, 5 and 6 need two -> 4 + 8 + 8 slots. 28 slots / 8 = 4 steps.
+    assert engine.fewest_steps([(3, 2), (4, 3)], block_size=4, num_slots=8) == 4
+    # a huge pool still needs the longest output's steps
+    assert engine.fewest_steps([(3, 2), (4, 3)], block_size=4, num_slots=10**6) == 3
+
+
+def test_explain_prints_where_the_time_goes(capsys):
+    requests = [(p, 6) for p, _ in engine.copy_workload(4, seed=1)]
+    engine.paged_vs_contiguous(None, requests, num_kvcache_blocks=64, max_num_seqs=4, max_model_len=512)
+    out = capsys.readouterr().out
+    tokenizer = ByteTokenizer(task.SPECIAL_TOKENS, task.EOS)
+    steps = engine.fewest_steps([(len(tokenizer.encode(p)), n) for p, n in requests], 16, 64 * 16)
+    assert steps >= 6  # at least the 6 output tokens' steps
+    assert "step cost (fitted to both engines'" in out and f"best paged run on this pool: >= {steps} steps" in out
 
 
 def test_step_timer_splits_a_step_and_puts_the_engine_back():

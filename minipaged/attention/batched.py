@@ -92,10 +92,10 @@ def _group(
         ctx = torch.tensor(context_lens, dtype=torch.long, device=device)
         num_blocks = cdiv(max(context_lens), block_size)
         every = torch.arange(len(seqs), device=device)
-        visible = torch.arange(num_blocks * block_size, device=device)[None, :] < ctx[:, None]
+        hidden = torch.arange(num_blocks * block_size, device=device)[None, :] >= ctx[:, None]
         return RowGroup(
             seqs=every, rows=every, flat=every, blocks=block_tables[:, :num_blocks].long().flatten(),
-            bias=_bias(visible[:, None, None, :]), max_q_len=1, num_blocks=num_blocks, all_rows=True,
+            bias=_bias(hidden[:, None, None, :]), max_q_len=1, num_blocks=num_blocks, all_rows=True,
         )
     ql = torch.tensor([q_lens[s] for s in seqs], dtype=torch.long)
     ctx = torch.tensor([context_lens[s] for s in seqs], dtype=torch.long)
@@ -107,23 +107,23 @@ def _group(
     rows = first[g] + i
     key = torch.arange(num_blocks * block_size)
     last_visible = (ctx - ql)[:, None] + torch.arange(max_q)[None, :]  # [g, max_q]
-    mask = key[None, None, :] <= last_visible[:, :, None]
+    hidden = key[None, None, :] > last_visible[:, :, None]
     seq_ids = torch.tensor(seqs, dtype=torch.long, device=device)
     return RowGroup(
         seqs=seq_ids,
         rows=rows.to(device),
         flat=(g * max_q + i).to(device),
         blocks=block_tables[seq_ids, :num_blocks].long().flatten(),
-        bias=_bias(mask[:, None].to(device)),
+        bias=_bias(hidden[:, None].to(device)),
         max_q_len=max_q,
         num_blocks=num_blocks,
         all_rows=False,
     )
 
 
-def _bias(visible: torch.Tensor) -> torch.Tensor:
-    """The additive form of a bool mask: 0 where True, -inf where False."""
-    return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, float("-inf"))
+def _bias(hidden: torch.Tensor) -> torch.Tensor:
+    """The additive mask: -inf where a key is hidden from a query, 0 where it is visible."""
+    return torch.zeros(hidden.shape, device=hidden.device).masked_fill_(hidden, float("-inf"))
 
 
 def plan_batch(
@@ -154,6 +154,12 @@ def split_by_length(
     sequences on each side, since each call has a fixed cost too.
     """
     if len(seqs) < 2 * min_size:
+        return [seqs]
+    # No split can beat the padding-free cost, sum(q_len x blocks) >= n x min q_len x min blocks:
+    # when even that is above 70% of the whole (a decode step of similar lengths), stop here.
+    lengths = [(q_lens[s], cdiv(context_lens[s], block_size)) for s in seqs]
+    q_max, b_max = max(q for q, _ in lengths), max(b for _, b in lengths)
+    if min(q for q, _ in lengths) * min(b for _, b in lengths) > 0.7 * q_max * b_max:
         return [seqs]
     order = sorted(seqs, key=lambda s: (context_lens[s], q_lens[s]))
     n = len(order)

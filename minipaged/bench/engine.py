@@ -14,7 +14,14 @@
   decodes: how much of a step is spent outside the model.
 
 Every ratio is measured side by side in this one process: each engine runs ``--repeats`` times
-(default 3), the engines taking turns, and each one's fastest run counts.
+(default 3), the engines taking turns, and each one's fastest run counts. Only the engine's own
+work is timed (schedule, run, sample, postprocess); the figures recorded between steps are not.
+
+For (b) and (c) a **step cost model** is fitted to every step of both engines:
+``seconds = F + m x decode rows + p x prefill tokens`` (least squares). With it the bench says
+where the time goes, and what the best paged run could take: as few steps as the pool allows
+(every sequence's slots summed over its steps, divided by the pool's slots) and no tokens
+recomputed after preemption.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from minipaged import LLM, SamplingParams
 from minipaged.bench import parser
 from minipaged.bench.step_timer import StepTimer
 from minipaged.tiny import task
+from minipaged.utils import cdiv
 
 
 @dataclass
@@ -46,6 +54,7 @@ class EngineRun:
     running: list[int] = field(default_factory=list)
     stats: list[dict] = field(default_factory=list)  # kv_stats() after each step, when recorded
     preemptions: int = 0
+    steps: list[tuple[float, int, int]] = field(default_factory=list)  # (seconds, decode rows, prefill tokens)
 
     @property
     def tokens_per_s(self) -> float:
@@ -93,19 +102,24 @@ def copy_workload(n: int, seed: int) -> list[Request]:
 
 
 def run_engine(llm: LLM, name: str, requests: list[Request], record: bool = False) -> EngineRun:
-    """Submit every request at once and step until done; with ``record``, sample the pool every step."""
+    """Submit every request at once and step until done, timing each step as ``generate`` runs
+    it (no snapshot); with ``record``, read the pool's figures after every step, untimed."""
     run = EngineRun(name)
     preempted_before = llm.kv_stats()["num_preemptions"]  # the engine may have served this workload already
     ids = [llm.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)) for p, n in requests]
-    start = time.perf_counter()
     with tqdm(total=len(requests), desc=name, leave=False) as bar:
         while llm.has_unfinished_requests():
-            snap = llm.step()
+            start = time.perf_counter()
+            batch = llm.scheduler.schedule()
+            finished = llm._run(batch)
+            seconds = time.perf_counter() - start
+            decodes = sum(1 for n in batch.q_lens if n == 1)
+            run.steps.append((seconds, decodes, sum(batch.q_lens) - decodes))
             if record:
                 run.stats.append(llm.kv_stats())
-            run.running.append(len(snap.running))
-            bar.update(len(snap.finished))
-    run.seconds = time.perf_counter() - start
+            run.running.append(len(llm.scheduler.running))
+            bar.update(len(finished))
+    run.seconds = sum(t for t, _, _ in run.steps)
     run.output_tokens = sum(n for _, n in requests)
     run.tokens = [llm._output(i).outputs[0].token_ids for i in ids]
     run.preemptions = llm.kv_stats()["num_preemptions"] - preempted_before
@@ -163,6 +177,52 @@ def table(runs: list[EngineRun]) -> None:
               f"{r.preemptions if r.running else '-':>13}")
 
 
+@dataclass
+class StepCost:
+    """``seconds = per_step + per_decode x decode rows + per_prefill x prefill tokens`` for one step."""
+
+    per_step: float
+    per_decode: float
+    per_prefill: float
+
+    @classmethod
+    def fit(cls, runs: list[EngineRun]) -> StepCost:
+        """Least squares over every step of ``runs``."""
+        x = torch.tensor([[1.0, d, p] for r in runs for _, d, p in r.steps], dtype=torch.float64)
+        y = torch.tensor([[t] for r in runs for t, _, _ in r.steps], dtype=torch.float64)
+        return cls(*torch.linalg.lstsq(x, y).solution.flatten().tolist())
+
+    def seconds(self, steps: int, decode_rows: int, prefill_tokens: int) -> float:
+        return self.per_step * steps + self.per_decode * decode_rows + self.per_prefill * prefill_tokens
+
+
+def fewest_steps(lengths: list[tuple[int, int]], block_size: int, num_slots: int) -> int:
+    """A lower bound on the steps a pool of ``num_slots`` needs for requests of
+    ``(prompt tokens, output tokens)``: each step holds at most ``num_slots`` slots, and a
+    request holds ``block_size x ceil(tokens / block_size)`` slots in each of its steps."""
+    held = sum(block_size * cdiv(p + t, block_size) for p, n in lengths for t in range(n))
+    return max(cdiv(held, num_slots), max(n for _, n in lengths))
+
+
+def explain(paged: EngineRun, contiguous: EngineRun, lengths: list[tuple[int, int]], block_size: int,
+            num_slots: int) -> StepCost:
+    """Print the fitted step cost, where each engine's time goes, and the best paged run's ratio."""
+    cost = StepCost.fit([paged, contiguous])
+    print(f"  step cost (fitted to both engines' {len(paged.steps) + len(contiguous.steps)} steps): "
+          f"{1e3 * cost.per_step:.2f} ms per step + {1e6 * cost.per_decode:.0f} us per decode row "
+          f"+ {1e6 * cost.per_prefill:.0f} us per prefill token")
+    for r in (paged, contiguous):
+        prefill = sum(p for _, _, p in r.steps)
+        print(f"    {r.name:<11} {len(r.steps):5d} steps ({1e3 * cost.per_step * len(r.steps):5.0f} ms), "
+              f"{sum(d for _, d, _ in r.steps):5d} decode rows, {prefill:6d} prefill tokens "
+              f"({1e3 * cost.per_prefill * prefill:4.0f} ms)")
+    steps = fewest_steps(lengths, block_size, num_slots)
+    best = cost.seconds(steps + 1, sum(d for _, d, _ in paged.steps), sum(p for p, _ in lengths))
+    print(f"  best paged run on this pool: >= {steps} steps, no recomputation -> {best:.2f} s, "
+          f"contiguous time / paged time <= {contiguous.seconds / best:.2f}x")
+    return cost
+
+
 def paged_vs_contiguous(model, requests: list[Request], repeats: int = 1, **kw) -> tuple[EngineRun, EngineRun]:
     paged_llm, contiguous_llm = LLM(model, **kw), LLM(model, kv_layout="contiguous", **kw)
     paged, contiguous = fastest_of(
@@ -175,6 +235,11 @@ def paged_vs_contiguous(model, requests: list[Request], repeats: int = 1, **kw) 
     print(f"  paged / contiguous: {paged.tokens_per_s / contiguous.tokens_per_s:.2f}x tokens/s "
           f"(contiguous time / paged time {contiguous.seconds / paged.seconds:.2f}x), "
           f"{max(paged.running) / max(contiguous.running):.1f}x peak sequences; tokens identical: {same}")
+    if paged_llm.tokenizer is not None:
+        lengths = [(len(paged_llm.tokenizer.encode(p)) if isinstance(p, str) else len(p), n) for p, n in requests]
+    else:
+        lengths = [(len(p), n) for p, n in requests]
+    explain(paged, contiguous, lengths, paged_llm.block_size, paged_llm.num_blocks * paged_llm.block_size)
     return paged, contiguous
 
 

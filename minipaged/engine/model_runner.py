@@ -19,6 +19,8 @@ after it, :meth:`ModelRunner.sample` draws the next tokens (:mod:`minipaged.engi
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from minipaged.attention.backends import get_ops
@@ -73,8 +75,8 @@ class ModelRunner:
         else:
             ends = [a + n for a, n in zip(starts, batch.q_lens)]
             self.attn.set_batch([s.seq_id for s in batch.seqs], batch.q_lens, ends)
-        last = torch.tensor(batch.q_lens).cumsum(0) - 1
-        return torch.tensor(input_ids, device=dev), positions.to(dev), last.to(dev)
+        last = [end - 1 for end in itertools.accumulate(batch.q_lens)]
+        return torch.tensor(input_ids, device=dev), positions.to(dev), torch.tensor(last, device=dev)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, copies: list[tuple[int, int]] = ()) -> torch.Tensor:
