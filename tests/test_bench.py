@@ -145,7 +145,7 @@ def test_explain_prints_where_the_time_goes(capsys):
     tokenizer = ByteTokenizer(task.SPECIAL_TOKENS, task.EOS)
     steps = engine.fewest_steps([(len(tokenizer.encode(p)), n) for p, n in requests], 16, 64 * 16)
     assert steps >= 6  # at least the 6 output tokens' steps
-    assert "step cost (fitted to both engines'" in out and f"best paged run on this pool: >= {steps} steps" in out
+    assert "step cost (fitted to both engines'" in out and f"the fewest steps this pool allows ({steps})" in out
 
 
 def test_step_timer_splits_a_step_and_puts_the_engine_back():

@@ -218,8 +218,8 @@ def explain(paged: EngineRun, contiguous: EngineRun, lengths: list[tuple[int, in
               f"({1e3 * cost.per_prefill * prefill:4.0f} ms)")
     steps = fewest_steps(lengths, block_size, num_slots)
     best = cost.seconds(steps + 1, sum(d for _, d, _ in paged.steps), sum(p for p, _ in lengths))
-    print(f"  best paged run on this pool: >= {steps} steps, no recomputation -> {best:.2f} s, "
-          f"contiguous time / paged time <= {contiguous.seconds / best:.2f}x")
+    print(f"  at these costs, a paged run in the fewest steps this pool allows ({steps}) with nothing "
+          f"recomputed would take {best:.2f} s: contiguous time / paged time {contiguous.seconds / best:.2f}x")
     return cost
 
 
