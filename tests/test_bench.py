@@ -116,7 +116,6 @@ def test_paged_runs_more_sequences_than_contiguous_on_one_budget(capsys):
     tokenizer = ByteTokenizer(task.SPECIAL_TOKENS, task.EOS)
     computed = sum(len(t) - 1 for t in contiguous.tokens) + sum(len(tokenizer.encode(p)) for p, _ in requests)
     assert sum(d + p for _, d, p in contiguous.steps) == computed
-    assert paged.seconds == pytest.approx(sum(t for t, _, _ in paged.steps))
 
 
 def test_step_cost_fit_recovers_known_costs():

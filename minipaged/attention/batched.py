@@ -157,13 +157,13 @@ def split_by_length(
         return [seqs]
     # No split can beat the padding-free cost, sum(q_len x blocks) >= n x min q_len x min blocks:
     # when even that is above 70% of the whole (a decode step of similar lengths), stop here.
-    lengths = [(q_lens[s], cdiv(context_lens[s], block_size)) for s in seqs]
-    q_max, b_max = max(q for q, _ in lengths), max(b for _, b in lengths)
-    if min(q for q, _ in lengths) * min(b for _, b in lengths) > 0.7 * q_max * b_max:
+    blocks_of = {s: cdiv(context_lens[s], block_size) for s in seqs}
+    q_of = [q_lens[s] for s in seqs]
+    if min(q_of) * min(blocks_of.values()) > 0.7 * max(q_of) * max(blocks_of.values()):
         return [seqs]
     order = sorted(seqs, key=lambda s: (context_lens[s], q_lens[s]))
     n = len(order)
-    blocks = [cdiv(context_lens[s], block_size) for s in order]  # rising: a part's longest is its last
+    blocks = [blocks_of[s] for s in order]  # rising: a part's longest is its last
     q_head, q_tail = [0] * (n + 1), [0] * (n + 1)  # longest q_len of order[:i] and of order[i:]
     for i, s in enumerate(order):
         q_head[i + 1] = max(q_head[i], q_lens[s])

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from minipaged import LLM, SamplingParams
 from minipaged.bench import parser
 from minipaged.bench.step_timer import StepTimer
+from minipaged.engine import inputs
 from minipaged.tiny import task
 from minipaged.utils import cdiv
 
@@ -235,10 +236,7 @@ def paged_vs_contiguous(model, requests: list[Request], repeats: int = 1, **kw) 
     print(f"  paged / contiguous: {paged.tokens_per_s / contiguous.tokens_per_s:.2f}x tokens/s "
           f"(contiguous time / paged time {contiguous.seconds / paged.seconds:.2f}x), "
           f"{max(paged.running) / max(contiguous.running):.1f}x peak sequences; tokens identical: {same}")
-    if paged_llm.tokenizer is not None:
-        lengths = [(len(paged_llm.tokenizer.encode(p)) if isinstance(p, str) else len(p), n) for p, n in requests]
-    else:
-        lengths = [(len(p), n) for p, n in requests]
+    lengths = [(len(inputs.encode(p, i, paged_llm.tokenizer)[1]), n) for i, (p, n) in enumerate(requests)]
     explain(paged, contiguous, lengths, paged_llm.block_size, paged_llm.num_blocks * paged_llm.block_size)
     return paged, contiguous
 
