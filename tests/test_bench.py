@@ -139,12 +139,18 @@ def test_fewest_steps_is_slots_held_over_pool_slots():
 
 def test_explain_prints_where_the_time_goes(capsys):
     requests = [(p, 6) for p, _ in engine.copy_workload(4, seed=1)]
-    engine.paged_vs_contiguous(None, requests, num_kvcache_blocks=64, max_num_seqs=4, max_model_len=512)
+    paged, contiguous = engine.paged_vs_contiguous(None, requests, num_kvcache_blocks=64, max_num_seqs=4,
+                                                   max_model_len=512)
     out = capsys.readouterr().out
     tokenizer = ByteTokenizer(task.SPECIAL_TOKENS, task.EOS)
     steps = engine.fewest_steps([(len(tokenizer.encode(p)), n) for p, n in requests], 16, 64 * 16)
     assert steps >= 6  # at least the 6 output tokens' steps
     assert "step cost (fitted to both engines'" in out and f"the fewest steps this pool allows ({steps})" in out
+    # 2 contiguous reservations against 4 paged sequences: more steps for the contiguous cache
+    step_ratio = len(contiguous.steps) / len(paged.steps)
+    assert step_ratio > 1
+    assert (f"if a step cost the same whatever its rows: contiguous time / paged time {step_ratio:.2f}x for these "
+            f"runs, {len(contiguous.steps) / steps:.2f}x in the fewest steps") in out
 
 
 def test_step_timer_splits_a_step_and_puts_the_engine_back():
