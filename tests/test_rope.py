@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -58,3 +60,17 @@ def test_frequencies_are_real_even_when_the_model_is_built_on_meta():
     with torch.device("meta"):
         rot = RotaryEmbedding(16, 1e4, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
     assert not rot.inv_freq.is_meta
+
+
+def test_cos_and_sin_are_rounded_once_from_exact_values():
+    """Every cos/sin of a step is the fp32 rounding of the exact value of its fp32 angle (checked
+    against Python's math, in double), whatever the process did before: torch's CPU cos/sin could
+    not promise that (see ``rope._cos_sin``)."""
+    rot = RotaryEmbedding(head_dim=32, theta=1e4)
+    positions = torch.arange(1024)
+    cos, sin = rot.cos_sin(positions, torch.float32)  # [positions, 1, head_dim], halves repeated
+    angles = (positions.float()[:, None] * rot.inv_freq[None, :]).tolist()
+    exact_cos = torch.tensor([[math.cos(a) for a in row] for row in angles], dtype=torch.float64).float()
+    exact_sin = torch.tensor([[math.sin(a) for a in row] for row in angles], dtype=torch.float64).float()
+    assert torch.equal(cos[:, 0, :16], exact_cos) and torch.equal(cos[:, 0, 16:], exact_cos)
+    assert torch.equal(sin[:, 0, :16], exact_sin) and torch.equal(sin[:, 0, 16:], exact_sin)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -105,10 +106,10 @@ class RotaryEmbedding(nn.Module):
         c = self._cached
         if c is not None and c[0] is positions and c[1] == dtype:
             return c[2], c[3]
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]
-        cos = (emb.cos() * self.attention_scaling).to(dtype)
-        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # fp32, as transformers computes them
+        cos, sin = (torch.cat([t, t], dim=-1)[:, None, :] for t in _cos_sin(angles))
+        cos = (cos * self.attention_scaling).to(dtype)
+        sin = (sin * self.attention_scaling).to(dtype)
         self._cached = (positions, dtype, cos, sin)
         return cos, sin
 
@@ -116,3 +117,17 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin(positions, x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of fp32 ``angles``, as fp32.
+
+    On a CPU they are computed in float64 by numpy and rounded once. torch's own CPU cos/sin were
+    seen to return values off by up to 1.5e-4 in the first call of a process on a busy machine (in
+    2-3 processes out of 30-45), so that two identical forwards in one process gave logits 3e-3
+    apart and notebook 00's cache-vs-recompute check failed once in CI. Other devices use torch's.
+    """
+    if angles.device.type != "cpu":
+        return angles.cos(), angles.sin()
+    a = angles.numpy().astype(np.float64)
+    return torch.from_numpy(np.cos(a)).float(), torch.from_numpy(np.sin(a)).float()
