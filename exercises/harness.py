@@ -262,8 +262,22 @@ def check(
     if modules:
         plugin = _Plugin(modules, only, timeout_s)
         files = [str(TESTS / f"test_{stem}.py") for stem in modules]
-        args = ["-p", "no:terminal", "-p", "no:cacheprovider", "-p", "no:nbval", "-p", "no:hypothesispytest",
-                "-o", "addopts=", "--capture=sys", f"--confcutdir={TESTS}", f"--rootdir={ROOT}", *files]
+        args = [
+            "-p",
+            "no:terminal",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:nbval",
+            "-p",
+            "no:hypothesispytest",
+            "-o",
+            "addopts=",
+            "--capture=sys",
+            f"--confcutdir={TESTS}",
+            f"--rootdir={ROOT}",
+            *files,
+        ]
         status = pytest.main(args, plugins=[plugin])
         if status in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
             plugin.errors.append(f"the checks did not run (pytest: {status.name})")

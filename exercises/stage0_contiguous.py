@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from minipaged.config import ModelConfig
 from minipaged.kv.contiguous import ArenaFullError, FirstFitArena  # noqa: F401  (you will need both)
+from minipaged.model.config import ModelConfig
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

@@ -65,7 +65,7 @@ class LifoPool(TinyPool):
 def fork(pool, block_ids: list[int]) -> list[int]:
     """Parallel sampling: a child sequence that shares every block of its parent.
 
-    pool: a ``minipaged.kv.allocator.BlockPool`` (or a ``TinyPool``: both have ``share(block_id)``);
+    pool: a ``minipaged.kv.block_pool.BlockPool`` (or a ``TinyPool``: both have ``share(block_id)``);
     block_ids: the parent's blocks, in logical order. Returns the child's block list — a new
     list, equal to the parent's — after taking one more reference to each block. No block is
     allocated. Freeing the parent afterwards must leave every block in use (by the child).

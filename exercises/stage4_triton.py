@@ -54,8 +54,10 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping, *, kernel=store_kv
     """
     num_tokens, num_kv_heads, head_dim = key.shape
     if value.shape != key.shape or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != tuple(key.shape[1:]):
-        raise ValueError(f"shapes do not fit: key {tuple(key.shape)}, value {tuple(value.shape)}, "
-                         f"caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"shapes do not fit: key {tuple(key.shape)}, value {tuple(value.shape)}, "
+            f"caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
     if {key.dtype, value.dtype} != {k_cache.dtype} or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"convert first, e.g. key.to(k_cache.dtype): got {key.dtype}, {value.dtype}, {k_cache.dtype}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
@@ -63,17 +65,34 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping, *, kernel=store_kv
     if any(t.stride(2) != 1 or (num_kv_heads > 1 and t.stride(1) != head_dim) for t in (key, value)):
         raise ValueError("each token's heads must be contiguous: pass key.contiguous()")
     if slot_mapping.dtype != torch.int64 or tuple(slot_mapping.shape) != (num_tokens,):
-        raise ValueError(f"slot_mapping must be int64 [{num_tokens}], got {slot_mapping.dtype} "
-                         f"{tuple(slot_mapping.shape)}")
+        raise ValueError(
+            f"slot_mapping must be int64 [{num_tokens}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+        )
     if num_tokens == 0:
         return
     D = num_kv_heads * head_dim  # noqa: N806  (the kernel's name for it)
-    launch(kernel, (num_tokens,), key.device, key, value, k_cache, v_cache, slot_mapping, key.stride(0),
-           value.stride(0), D, D_PAD=triton.next_power_of_2(D))
+    launch(
+        kernel,
+        (num_tokens,),
+        key.device,
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        key.stride(0),
+        value.stride(0),
+        D,
+        D_PAD=triton.next_power_of_2(D),
+    )
 
 
 def online_softmax_update(
-    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, v: torch.Tensor  # noqa: E741
+    m: torch.Tensor,
+    l: torch.Tensor,  # noqa: E741  (the running sum's name in the flash-attention papers)
+    acc: torch.Tensor,
+    scores: torch.Tensor,
+    v: torch.Tensor,  # noqa: E741
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one KV tile into the online-softmax state of a block of query rows; return the new ``(m, l, acc)``.
 

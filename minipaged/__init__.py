@@ -1,6 +1,6 @@
 """minipaged: vLLM-style PagedAttention rebuilt stage by stage.
 
-Stage 0 :mod:`minipaged.kv.contiguous` · 1 :mod:`minipaged.kv.allocator` · 2 :mod:`minipaged.kv.block_table`
+Stage 0 :mod:`minipaged.kv.contiguous` · 1 :mod:`minipaged.kv.block_pool` · 2 :mod:`minipaged.kv.block_table`
 · 3 :mod:`minipaged.kv.slot_mapping` · 4 :mod:`minipaged.kernels` · 5 :mod:`minipaged.engine`
 · 6 :mod:`minipaged.kv.prefix_cache`. The engine's entry point is :class:`LLM`.
 """
@@ -10,19 +10,30 @@ import logging
 from minipaged.engine.llm import LLM
 from minipaged.engine.outputs import CompletionOutput, RequestOutput, StepSnapshot
 from minipaged.engine.sampling_params import SamplingParams
-from minipaged.kv.allocator import BlockPool, KVCacheBlock, NoFreeBlocksError
+from minipaged.kv.block_pool import BlockPool, KVCacheBlock, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
+from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.kv.prefix_cache import PrefixCache
-from minipaged.kv.slot_mapping import PagedKVCache
 from minipaged.model.loader import load_model
 
 __all__ = [
-    "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StepSnapshot",
-    "BlockPool", "KVCacheBlock", "NoFreeBlocksError", "BlockTable", "ContiguousKVCache", "FirstFitArena",
-    "PagedKVCache", "PrefixCache", "load_model",
+    "LLM",
+    "SamplingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "StepSnapshot",
+    "BlockPool",
+    "KVCacheBlock",
+    "NoFreeBlocksError",
+    "BlockTable",
+    "ContiguousKVCache",
+    "FirstFitArena",
+    "PagedKVCache",
+    "PrefixCache",
+    "load_model",
 ]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # Like vLLM, say what the engine chose (e.g. the KV pool's size) unless the user set up logging.
 _log = logging.getLogger("minipaged")

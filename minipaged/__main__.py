@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--num-cases", type=int, default=200)
     e.add_argument("--num-blocks", type=int, default=None)
     b = sub.add_parser(
-        "bench", help="print benchmark figures",
+        "bench",
+        help="print benchmark figures",
         description="Print benchmark figures, measured side by side in one run. "
         "`python -m minipaged bench WHICH --help` lists each bench's options.",
     )

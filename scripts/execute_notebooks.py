@@ -78,16 +78,21 @@ def add_static_pictures(nb) -> int:
 def execute(path: Path, timeout: float, kernel_name: str) -> tuple[object, int]:
     """Run ``path`` in a fresh kernel (cwd: its folder); returns the executed notebook and pictures added."""
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, store_widget_state=True,
-                            record_timing=False, resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name=kernel_name,
+        store_widget_state=True,
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     asyncio.run(asyncio.wait_for(client.async_execute(), timeout))
     return nb, add_static_pictures(nb)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks to run (default: notebooks/0*.ipynb)")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to run (default: notebooks/0*.ipynb)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds allowed per notebook (default 300)")
     parser.add_argument("--out", type=Path, help="write the executed notebooks to this folder instead of in place")
     parser.add_argument("--kernel", default="python3", help="kernel name (default python3)")

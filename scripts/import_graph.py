@@ -72,7 +72,7 @@ class Import:
 
 # -- reading the code ----------------------------------------------------------------------------
 def module_name(path: Path, src_root: Path) -> str:
-    """``minipaged/kv/allocator.py`` -> ``minipaged.kv.allocator``; a package's ``__init__.py`` -> the package."""
+    """``minipaged/kv/block_pool.py`` -> ``minipaged.kv.block_pool``; a package's ``__init__.py`` -> the package."""
     parts = list(path.relative_to(src_root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -283,7 +283,8 @@ def _boxes(text: str, package: str) -> tuple[dict[str, list[str]], dict[str, str
         if node_of(a, package) != node_of(b, package):
             short = f"{a.rpartition('.')[2]} -> {b.rpartition('.')[2]}"
             arcs.setdefault((node_of(a, package), node_of(b, package)), []).append(
-                f"{short} ({kinds.rstrip(']') or 'module'})")
+                f"{short} ({kinds.rstrip(']') or 'module'})"
+            )
     return members, summaries, arcs
 
 
@@ -322,8 +323,22 @@ def draw(text: str, package: str = PACKAGE):
     ax.set_ylim(-0.75, height - 0.75)
     ax.axis("off")
     # one colour per box, shared by the arcs leaving it; red is kept for arcs that point up
-    colors = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#8C6D31", "#332288", "#117733", "#882255",
-              "#44AA99", "#999933", "#AA4499", "#661100", "#6699CC"]
+    colors = [
+        "#0072B2",
+        "#E69F00",
+        "#009E73",
+        "#CC79A7",
+        "#56B4E9",
+        "#8C6D31",
+        "#332288",
+        "#117733",
+        "#882255",
+        "#44AA99",
+        "#999933",
+        "#AA4499",
+        "#661100",
+        "#6699CC",
+    ]
     color_of = {node: colors[i % len(colors)] for i, node in enumerate(reversed(order))}
 
     for i, (label, nodes) in enumerate(LAYERS):  # layer bands and their names
@@ -332,13 +347,30 @@ def draw(text: str, package: str = PACKAGE):
         ax.text(-2.4, (lo + hi) / 2, label, va="center", fontsize=11, fontweight="bold", color="#333333")
 
     for node, y in y_of.items():  # a box: the sub-package and its modules, or a module and its summary
-        ax.add_patch(FancyBboxPatch((x0, y - box_h / 2), box_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.06",
-                                    facecolor="white", edgecolor=color_of[node], linewidth=1.8, zorder=2))
+        ax.add_patch(
+            FancyBboxPatch(
+                (x0, y - box_h / 2),
+                box_w,
+                box_h,
+                boxstyle="round,pad=0.02,rounding_size=0.06",
+                facecolor="white",
+                edgecolor=color_of[node],
+                linewidth=1.8,
+                zorder=2,
+            )
+        )
         inside = [m.rsplit(".", 1)[1] for m in members.get(node, []) if m.count(".") > 1]
         title = f"{node}/" if inside else NODE_TITLES.get(node, f"{node}.py")
         ax.text(x0 + 0.1, y + 0.08, title, va="center", fontsize=10.5, fontweight="bold", zorder=3)
-        ax.text(x0 + 0.1, y - 0.12, " · ".join(inside) if inside else summaries.get(node, ""), va="center",
-                fontsize=8, color="#333333", zorder=3)
+        ax.text(
+            x0 + 0.1,
+            y - 0.12,
+            " · ".join(inside) if inside else summaries.get(node, ""),
+            va="center",
+            fontsize=8,
+            color="#333333",
+            zorder=3,
+        )
 
     ports = _ports(arcs, rank, y_of, box_h)
     for (a, b), imports in sorted(arcs.items(), key=lambda kv: -abs(rank[kv[0][0]] - rank[kv[0][1]])):
@@ -349,19 +381,48 @@ def draw(text: str, package: str = PACKAGE):
         style = "-" if "(module" in kinds else ("--" if "(function" in kinds else ":")
         color = "#C00000" if up else color_of[a]
         path = MPath([(x, ya), (x + bulge, ya), (x + bulge, yb), (x, yb)], [MPath.MOVETO] + [MPath.CURVE4] * 3)
-        ax.add_patch(FancyArrowPatch(path=path, arrowstyle="-|>,head_length=5,head_width=2.6", color=color,
-                                     linestyle=style, linewidth=1.3, zorder=1, shrinkA=0, shrinkB=0))
+        ax.add_patch(
+            FancyArrowPatch(
+                path=path,
+                arrowstyle="-|>,head_length=5,head_width=2.6",
+                color=color,
+                linestyle=style,
+                linewidth=1.3,
+                zorder=1,
+                shrinkA=0,
+                shrinkB=0,
+            )
+        )
         if up:  # the exceptions: say which modules reach up
-            ax.text(x + 0.75 * bulge - 0.08, (ya + yb) / 2, "\n".join(imports), ha="right", va="center",
-                    fontsize=8, color=color)
+            ax.text(
+                x + 0.75 * bulge - 0.08,
+                (ya + yb) / 2,
+                "\n".join(imports),
+                ha="right",
+                va="center",
+                fontsize=8,
+                color=color,
+            )
 
     top = height - 0.75
-    ax.text(-2.4, top - 0.25, f"The import graph of {package}/, read from the code by scripts/import_graph.py",
-            fontsize=13, fontweight="bold", va="center")
-    ax.text(-2.4, top - 0.6, "An arc goes from the importing box to the imported one. Right: pointing down a layer "
-            "(allowed). Left, red: pointing up.\nSolid: imported at module level; dashed: only inside a function "
-            "(lazy); dotted: by name (importlib) or for type checking only.", fontsize=9.5, va="center",
-            color="#333333")
+    ax.text(
+        -2.4,
+        top - 0.25,
+        f"The import graph of {package}/, read from the code by scripts/import_graph.py",
+        fontsize=13,
+        fontweight="bold",
+        va="center",
+    )
+    ax.text(
+        -2.4,
+        top - 0.6,
+        "An arc goes from the importing box to the imported one. Right: pointing down a layer "
+        "(allowed). Left, red: pointing up.\nSolid: imported at module level; dashed: only inside a function "
+        "(lazy); dotted: by name (importlib) or for type checking only.",
+        fontsize=9.5,
+        va="center",
+        color="#333333",
+    )
     return fig
 
 
@@ -406,8 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             print("refresh with: python scripts/import_graph.py")
         return 1 if problems else 0
     text = write()
-    print(f"wrote {', '.join(_shown(p) for p in OUTPUTS.values())}: "
-          f"{text.count(' -> ')} module-to-module imports")
+    print(f"wrote {', '.join(_shown(p) for p in OUTPUTS.values())}: {text.count(' -> ')} module-to-module imports")
     return 0
 
 

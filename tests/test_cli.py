@@ -1,7 +1,7 @@
 """The command line, ``python -m minipaged demo | eval | bench ... | animate ...``: parsing, help, dispatch.
 
-The benches' own figures are tested in ``tests/test_bench.py``; the animations in
-``tests/test_animate.py``.
+The benches' own figures are tested in ``tests/bench/test_bench.py``; the animations in
+``tests/viz/test_animate.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("argv", [[], *([c] for c in COMMANDS), *(["bench", b] for b in BENCHES)],
-                         ids=lambda a: " ".join(a) or "top")
+@pytest.mark.parametrize(
+    "argv", [[], *([c] for c in COMMANDS), *(["bench", b] for b in BENCHES)], ids=lambda a: " ".join(a) or "top"
+)
 def test_help_exits_0_and_prints_usage(argv, capsys):
     code, out, _ = run_main([*argv, "--help"], capsys)
     assert code == 0
@@ -86,16 +87,16 @@ def test_bad_arguments_exit_2_with_usage(argv, capsys):
 
 def test_runs_as_a_module():
     """``python -m minipaged`` is the entry point (``minipaged/__main__.py``)."""
-    done = subprocess.run([sys.executable, "-m", "minipaged", "bench", "--help"], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "minipaged", "bench", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m minipaged bench")
 
 
 def test_bench_options_reach_the_bench(capsys):
     """``bench memory --requests N ...`` hands its options to the bench, which prints its table."""
-    code, out, _ = run_main(["bench", "memory", "--requests", "12", "--slots", "1024", "--max-seq-len", "128"],
-                            capsys)
+    code, out, _ = run_main(["bench", "memory", "--requests", "12", "--slots", "1024", "--max-seq-len", "128"], capsys)
     assert code == 0
     assert "trace: 12 requests (seed 0)" in out and "max_seq_len 128; 1024 KV slots each" in out
     assert "paged, 64 blocks of 16" in out

@@ -103,16 +103,28 @@ def test_checker_catches_mistakes():
     text = (
         "[ok](../README.md) [anchor](stage0.md#measured) [web](https://example.com) [self](#top)\n"
         "[bad](missing.md) ![bad image](figures/nope.png)\n[ref]: ../nothing/here.md\n"
-        "`minipaged/kv/allocator.py` `engine/llm.py` `minipaged/kv/nope.py` `kv/ghost.py` `exercises/stageN_*.py`\n"
+        "`minipaged/kv/block_pool.py` `engine/llm.py` `minipaged/kv/nope.py` `kv/ghost.py` `exercises/stageN_*.py`\n"
         "```\n[in a fence](not/checked.md) `minipaged/in_fence.py`\n```\n"
         "`[in code](not/a/link.md)` `python -m minipaged demo` `a/b`\n"
     )
-    assert links(text) == ["../README.md", "stage0.md#measured", "https://example.com", "#top", "missing.md",
-                           "figures/nope.png", "../nothing/here.md"]
+    assert links(text) == [
+        "../README.md",
+        "stage0.md#measured",
+        "https://example.com",
+        "#top",
+        "missing.md",
+        "figures/nope.png",
+        "../nothing/here.md",
+    ]
     spans = code_paths(text)
-    assert spans == ["minipaged/kv/allocator.py", "engine/llm.py", "minipaged/kv/nope.py", "kv/ghost.py"]
+    assert spans == ["minipaged/kv/block_pool.py", "engine/llm.py", "minipaged/kv/nope.py", "kv/ghost.py"]
     docs = ROOT / "docs"
-    assert [t for t in links(text) if not SCHEME.match(t) and not t.startswith("#")
-            and not (docs / t.split("#")[0]).exists()] == ["missing.md", "figures/nope.png", "../nothing/here.md"]
+    assert [
+        t
+        for t in links(text)
+        if not SCHEME.match(t) and not t.startswith("#") and not (docs / t.split("#")[0]).exists()
+    ] == ["missing.md", "figures/nope.png", "../nothing/here.md"]
     assert [s for s in spans if not any((b / s).exists() for b in (ROOT, ROOT / "minipaged"))] == [
-        "minipaged/kv/nope.py", "kv/ghost.py"]
+        "minipaged/kv/nope.py",
+        "kv/ghost.py",
+    ]

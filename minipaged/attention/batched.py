@@ -44,14 +44,14 @@ __all__ = ["BatchPlan", "plan_batch", "store_kvcache", "paged_prefill_attention"
 class RowGroup:
     """Sequences attended by one call.
 
-    seqs: long [g] (indices into the batch); rows: long [tokens] (packed query rows, in order);
-    flat: long [tokens] (where each row sits in the padded ``[g * max_q_len]`` layout);
-    blocks: long [g * num_blocks] (the physical blocks to gather, table by table);
-    bias: float32 [g, 1, max_q_len, num_blocks * block_size], added to the scores: 0 where a key is
-visible, -inf where it is not (SDPA runs faster on this additive form than on a bool mask,
-20% for decode here, with identical results); ``all_rows``: the
-    group is every row of the batch, one per sequence, in order (a pure decode step: no
-    scatter needed).
+        seqs: long [g] (indices into the batch); rows: long [tokens] (packed query rows, in order);
+        flat: long [tokens] (where each row sits in the padded ``[g * max_q_len]`` layout);
+        blocks: long [g * num_blocks] (the physical blocks to gather, table by table);
+        bias: float32 [g, 1, max_q_len, num_blocks * block_size], added to the scores: 0 where a key is
+    visible, -inf where it is not (SDPA runs faster on this additive form than on a bool mask,
+    20% for decode here, with identical results); ``all_rows``: the
+        group is every row of the batch, one per sequence, in order (a pure decode step: no
+        scatter needed).
     """
 
     seqs: torch.Tensor
@@ -94,8 +94,14 @@ def _group(
         every = torch.arange(len(seqs), device=device)
         hidden = torch.arange(num_blocks * block_size, device=device)[None, :] >= ctx[:, None]
         return RowGroup(
-            seqs=every, rows=every, flat=every, blocks=block_tables[:, :num_blocks].long().flatten(),
-            bias=_bias(hidden[:, None, None, :]), max_q_len=1, num_blocks=num_blocks, all_rows=True,
+            seqs=every,
+            rows=every,
+            flat=every,
+            blocks=block_tables[:, :num_blocks].long().flatten(),
+            bias=_bias(hidden[:, None, None, :]),
+            max_q_len=1,
+            num_blocks=num_blocks,
+            all_rows=True,
         )
     ql = torch.tensor([q_lens[s] for s in seqs], dtype=torch.long)
     ctx = torch.tensor([context_lens[s] for s in seqs], dtype=torch.long)

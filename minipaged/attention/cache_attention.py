@@ -26,7 +26,8 @@ import torch
 from minipaged.attention import batched, reference
 from minipaged.kv.block_table import padded_block_tables
 from minipaged.kv.contiguous import ContiguousKVCache
-from minipaged.kv.slot_mapping import PagedKVCache, build_slot_mapping
+from minipaged.kv.paged_cache import PagedKVCache
+from minipaged.kv.slot_mapping import build_slot_mapping
 
 
 class CacheAttention(Protocol):

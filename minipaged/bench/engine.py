@@ -69,7 +69,7 @@ class EngineRun:
         return held / max(1, sum(d["slots_allocated"] for d in self.stats))
 
 
-Request = tuple[list[int] | str, int]  # (prompt, output length)
+WorkItem = tuple[list[int] | str, int]  # (prompt, output length)
 
 
 def random_qwen3(folder: Path, seed: int = 0) -> Path:
@@ -78,8 +78,15 @@ def random_qwen3(folder: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     cfg = transformers.Qwen3Config(
-        vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, initializer_range=0.5,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        initializer_range=0.5,
     )
     model = transformers.Qwen3ForCausalLM(cfg)
     with torch.no_grad():  # random norm weights: a model that repeats one token proves nothing
@@ -90,12 +97,12 @@ def random_qwen3(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def token_workload(n: int, seed: int, vocab: int) -> list[Request]:
+def token_workload(n: int, seed: int, vocab: int) -> list[WorkItem]:
     rng = random.Random(seed)
     return [([rng.randrange(vocab) for _ in range(rng.randint(16, 200))], rng.randint(8, 128)) for _ in range(n)]
 
 
-def copy_workload(n: int, seed: int) -> list[Request]:
+def copy_workload(n: int, seed: int) -> list[WorkItem]:
     rng = random.Random(seed)
     return [
         (task.prompt_for(task.random_text(rng), task.random_preamble(rng, 40, 400)), rng.randint(20, 200))
@@ -103,7 +110,7 @@ def copy_workload(n: int, seed: int) -> list[Request]:
     ]
 
 
-def run_engine(llm: LLM, name: str, requests: list[Request], record: bool = False) -> EngineRun:
+def run_engine(llm: LLM, name: str, requests: list[WorkItem], record: bool = False) -> EngineRun:
     """Submit every request at once and step until done, timing each step as ``generate`` runs
     it (no snapshot); with ``record``, read the pool's figures after every step, untimed."""
     run = EngineRun(name)
@@ -143,7 +150,7 @@ def fastest_of(runners: list[Callable[[], EngineRun]], repeats: int) -> list[Eng
     return best
 
 
-def run_transformers(model_dir: Path, requests: list[Request], batch_size: int = 16) -> EngineRun:
+def run_transformers(model_dir: Path, requests: list[WorkItem], batch_size: int = 16) -> EngineRun:
     """Hugging Face ``generate``, batched and left-padded; every batch runs to its longest output."""
     from transformers import AutoModelForCausalLM
 
@@ -159,8 +166,14 @@ def run_transformers(model_dir: Path, requests: list[Request], batch_size: int =
         ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(n for _, n in batch),
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max(n for _, n in batch),
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
         for row, (i, (_, n)) in enumerate(zip(idx, batch)):
             run.tokens[i] = out[row, width : width + n].tolist()
     run.seconds = time.perf_counter() - start
@@ -169,14 +182,18 @@ def run_transformers(model_dir: Path, requests: list[Request], batch_size: int =
 
 
 def table(runs: list[EngineRun]) -> None:
-    print(f"  {'engine':<14}{'tokens/s':>10}{'seconds':>9}{'peak seqs':>11}{'mean seqs':>11}"
-          f"{'held/allocated':>16}{'preemptions':>13}")
+    print(
+        f"  {'engine':<14}{'tokens/s':>10}{'seconds':>9}{'peak seqs':>11}{'mean seqs':>11}"
+        f"{'held/allocated':>16}{'preemptions':>13}"
+    )
     for r in runs:
         peak = f"{max(r.running)}" if r.running else "-"
         mean = f"{sum(r.running) / len(r.running):.1f}" if r.running else "-"
         util = f"{100 * r.utilization:.1f}%" if r.stats else "-"
-        print(f"  {r.name:<14}{r.tokens_per_s:>10.1f}{r.seconds:>9.2f}{peak:>11}{mean:>11}{util:>16}"
-              f"{r.preemptions if r.running else '-':>13}")
+        print(
+            f"  {r.name:<14}{r.tokens_per_s:>10.1f}{r.seconds:>9.2f}{peak:>11}{mean:>11}{util:>16}"
+            f"{r.preemptions if r.running else '-':>13}"
+        )
 
 
 @dataclass
@@ -206,42 +223,55 @@ def fewest_steps(lengths: list[tuple[int, int]], block_size: int, num_slots: int
     return max(cdiv(held, num_slots), max(n for _, n in lengths))
 
 
-def explain(paged: EngineRun, contiguous: EngineRun, lengths: list[tuple[int, int]], block_size: int,
-            num_slots: int) -> StepCost:
+def explain(
+    paged: EngineRun, contiguous: EngineRun, lengths: list[tuple[int, int]], block_size: int, num_slots: int
+) -> StepCost:
     """Print the fitted step cost, where each engine's time goes, and the best paged run's ratio."""
     cost = StepCost.fit([paged, contiguous])
-    print(f"  step cost (fitted to both engines' {len(paged.steps) + len(contiguous.steps)} steps): "
-          f"{1e3 * cost.per_step:.2f} ms per step + {1e6 * cost.per_decode:.0f} us per decode row "
-          f"+ {1e6 * cost.per_prefill:.0f} us per prefill token")
+    print(
+        f"  step cost (fitted to both engines' {len(paged.steps) + len(contiguous.steps)} steps): "
+        f"{1e3 * cost.per_step:.2f} ms per step + {1e6 * cost.per_decode:.0f} us per decode row "
+        f"+ {1e6 * cost.per_prefill:.0f} us per prefill token"
+    )
     for r in (paged, contiguous):
         prefill = sum(p for _, _, p in r.steps)
-        print(f"    {r.name:<11} {len(r.steps):5d} steps ({1e3 * cost.per_step * len(r.steps):5.0f} ms), "
-              f"{sum(d for _, d, _ in r.steps):5d} decode rows, {prefill:6d} prefill tokens "
-              f"({1e3 * cost.per_prefill * prefill:4.0f} ms)")
+        print(
+            f"    {r.name:<11} {len(r.steps):5d} steps ({1e3 * cost.per_step * len(r.steps):5.0f} ms), "
+            f"{sum(d for _, d, _ in r.steps):5d} decode rows, {prefill:6d} prefill tokens "
+            f"({1e3 * cost.per_prefill * prefill:4.0f} ms)"
+        )
     steps = fewest_steps(lengths, block_size, num_slots)
     best = cost.seconds(steps + 1, sum(d for _, d, _ in paged.steps), sum(p for p, _ in lengths))
-    print(f"  at these costs, a paged run in the fewest steps this pool allows ({steps}) with nothing "
-          f"recomputed would take {best:.2f} s: contiguous time / paged time {contiguous.seconds / best:.2f}x")
+    print(
+        f"  at these costs, a paged run in the fewest steps this pool allows ({steps}) with nothing "
+        f"recomputed would take {best:.2f} s: contiguous time / paged time {contiguous.seconds / best:.2f}x"
+    )
     # On a GPU a step of a model this small costs nearly the same at 2 rows as at 20 (kernel
     # launches and weight reads dominate), so there the time ratio tends to the step ratio.
-    print(f"  if a step cost the same whatever its rows: contiguous time / paged time "
-          f"{len(contiguous.steps) / len(paged.steps):.2f}x for these runs, "
-          f"{len(contiguous.steps) / steps:.2f}x in the fewest steps")
+    print(
+        f"  if a step cost the same whatever its rows: contiguous time / paged time "
+        f"{len(contiguous.steps) / len(paged.steps):.2f}x for these runs, "
+        f"{len(contiguous.steps) / steps:.2f}x in the fewest steps"
+    )
     return cost
 
 
-def paged_vs_contiguous(model, requests: list[Request], repeats: int = 1, **kw) -> tuple[EngineRun, EngineRun]:
+def paged_vs_contiguous(model, requests: list[WorkItem], repeats: int = 1, **kw) -> tuple[EngineRun, EngineRun]:
     paged_llm, contiguous_llm = LLM(model, **kw), LLM(model, kv_layout="contiguous", **kw)
     paged, contiguous = fastest_of(
-        [lambda: run_engine(paged_llm, "paged", requests, record=True),
-         lambda: run_engine(contiguous_llm, "contiguous", requests, record=True)],
+        [
+            lambda: run_engine(paged_llm, "paged", requests, record=True),
+            lambda: run_engine(contiguous_llm, "contiguous", requests, record=True),
+        ],
         repeats,
     )
     table([paged, contiguous])
     same = paged.tokens == contiguous.tokens
-    print(f"  paged / contiguous: {paged.tokens_per_s / contiguous.tokens_per_s:.2f}x tokens/s "
-          f"(contiguous time / paged time {contiguous.seconds / paged.seconds:.2f}x), "
-          f"{max(paged.running) / max(contiguous.running):.1f}x peak sequences; tokens identical: {same}")
+    print(
+        f"  paged / contiguous: {paged.tokens_per_s / contiguous.tokens_per_s:.2f}x tokens/s "
+        f"(contiguous time / paged time {contiguous.seconds / paged.seconds:.2f}x), "
+        f"{max(paged.running) / max(contiguous.running):.1f}x peak sequences; tokens identical: {same}"
+    )
     lengths = [(len(inputs.encode(p, i, paged_llm.tokenizer)[1]), n) for i, (p, n) in enumerate(requests)]
     explain(paged, contiguous, lengths, paged_llm.block_size, paged_llm.num_blocks * paged_llm.block_size)
     return paged, contiguous
@@ -281,24 +311,30 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         qwen = random_qwen3(Path(tmp))
         requests = token_workload(n, a.seed, vocab=512)
-        print(f"(a) {n} requests, {sum(len(q) for q, _ in requests)} prompt / {sum(m for _, m in requests)} output "
-              f"tokens, random 4-layer tiny Qwen3, {torch.get_num_threads()} CPU threads")
+        print(
+            f"(a) {n} requests, {sum(len(q) for q, _ in requests)} prompt / {sum(m for _, m in requests)} output "
+            f"tokens, random 4-layer tiny Qwen3, {torch.get_num_threads()} CPU threads"
+        )
         llm = LLM(qwen, max_num_seqs=64, max_model_len=512)
         runners = [lambda: run_engine(llm, "minipaged", requests), lambda: run_transformers(qwen, requests)]
         ours, hf = fastest_of(runners, repeats)
         table([ours, hf])
         same = sum(x == y for x, y in zip(ours.tokens, hf.tokens))
-        print(f"  minipaged / transformers: {ours.tokens_per_s / hf.tokens_per_s:.2f}x tokens/s; "
-              f"{same}/{len(requests)} requests with identical tokens")
+        print(
+            f"  minipaged / transformers: {ours.tokens_per_s / hf.tokens_per_s:.2f}x tokens/s; "
+            f"{same}/{len(requests)} requests with identical tokens"
+        )
         print("(b) the same requests, 64 blocks x 16 slots, max_model_len 512")
         paged_vs_contiguous(qwen, requests, repeats, num_kvcache_blocks=64, max_model_len=512, max_num_seqs=64)
         split = step_split(qwen, num_seqs=32, decode_steps=8 if a.quick else 40)
     copies = copy_workload(n, a.seed)
     print(f"(c) {n} copy prompts (preambles 40-400 characters, 20-200 output tokens), embedded model, 256 blocks x 16")
     paged, contiguous = paged_vs_contiguous(None, copies, repeats, num_kvcache_blocks=256, max_num_seqs=64)
-    print("(d) one step at 32 running decodes, share of time: "
-          + ", ".join(f"{k} {100 * v:.1f}%" for k, v in split.items())
-          + f"; outside the model forward {100 * (1 - split['forward']):.1f}%")
+    print(
+        "(d) one step at 32 running decodes, share of time: "
+        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in split.items())
+        + f"; outside the model forward {100 * (1 - split['forward']):.1f}%"
+    )
     if a.plot:
         plot(paged, contiguous, 256 * 16, a.plot)
         print(f"plot saved to {a.plot}")

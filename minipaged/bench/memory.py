@@ -27,12 +27,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arrival-rate", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    trace = synthetic_trace(a.requests, a.seed, mean_prompt=a.mean_prompt, mean_output=a.mean_output,
-                            max_len=a.max_seq_len, arrival_rate=a.arrival_rate)
-    print(f"trace: {a.requests} requests (seed {a.seed}), mean prompt {a.mean_prompt:g}, mean output "
-          f"{a.mean_output:g}, max_seq_len {a.max_seq_len}; {a.slots} KV slots each")
-    print(f"{'system':<34}{'holding tokens':>15}{'steps':>7}{'mean/peak running':>19}{'mean ext. frag.':>16}"
-          f"{'preemptions':>13}")
+    trace = synthetic_trace(
+        a.requests,
+        a.seed,
+        mean_prompt=a.mean_prompt,
+        mean_output=a.mean_output,
+        max_len=a.max_seq_len,
+        arrival_rate=a.arrival_rate,
+    )
+    print(
+        f"trace: {a.requests} requests (seed {a.seed}), mean prompt {a.mean_prompt:g}, mean output "
+        f"{a.mean_output:g}, max_seq_len {a.max_seq_len}; {a.slots} KV slots each"
+    )
+    print(
+        f"{'system':<34}{'holding tokens':>15}{'steps':>7}{'mean/peak running':>19}{'mean ext. frag.':>16}"
+        f"{'preemptions':>13}"
+    )
     for reserve in ("max", "exact"):
         r = simulate_contiguous_vs_paged(trace, a.slots, a.block_size, a.max_seq_len, reserve=reserve)
         rows = [(f"contiguous, reserve {'max_seq_len' if reserve == 'max' else 'exact (oracle)'}", "contiguous")]
@@ -41,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         for label, key in rows:
             t = r["totals"][key]
             frag = r[key]["external_fragmentation"][: max(t["steps"], 1)]
-            print(f"{label:<34}{100 * t['token_utilization']:>14.1f}%{t['steps']:>7}"
-                  f"{t['mean_running']:>12.1f} / {t['peak_running']:<4}{100 * sum(frag) / len(frag):>15.1f}%"
-                  f"{t['preemptions']:>13}")
+            print(
+                f"{label:<34}{100 * t['token_utilization']:>14.1f}%{t['steps']:>7}"
+                f"{t['mean_running']:>12.1f} / {t['peak_running']:<4}{100 * sum(frag) / len(frag):>15.1f}%"
+                f"{t['preemptions']:>13}"
+            )

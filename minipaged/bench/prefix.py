@@ -41,8 +41,9 @@ def shared_preamble(num_requests: int, preamble_len: int, block_size: int, seed:
         llm = LLM(model, block_size=block_size, max_num_seqs=num_requests, enable_prefix_caching=caching)
         sp = SamplingParams(temperature=0, max_tokens=task.MAX_TEXT_CHARS + 1)
         peak, stats = run(llm, prompts, [sp] * len(prompts))
-        figures[caching] = dict(prefill=stats["prefill_tokens_computed"], peak_blocks=peak,
-                                hits=stats["prefix_hit_tokens"])
+        figures[caching] = dict(
+            prefill=stats["prefill_tokens_computed"], peak_blocks=peak, hits=stats["prefix_hit_tokens"]
+        )
     return figures
 
 
@@ -55,8 +56,9 @@ def parallel_sampling(ns: list[int], prompt_len: int, max_tokens: int, block_siz
     for n in ns:
         sp = SamplingParams(temperature=1.0, n=n, seed=seed, max_tokens=max_tokens, ignore_eos=True)
         shared_peak, stats = run(LLM(model, block_size=block_size, max_num_seqs=n), [prompt], [sp])
-        independent = [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=max_tokens, ignore_eos=True)
-                       for i in range(n)]
+        independent = [
+            SamplingParams(temperature=1.0, seed=seed + i, max_tokens=max_tokens, ignore_eos=True) for i in range(n)
+        ]
         alone_peak, _ = run(LLM(model, block_size=block_size, max_num_seqs=n), [prompt] * n, independent)
         rows.append(dict(n=n, shared=shared_peak, independent=alone_peak, cow=stats["cow_copies"]))
     return rows

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from minipaged.attention.backends import BACKENDS
-from minipaged.config import ModelConfig
+from minipaged.model.config import ModelConfig
 from minipaged.utils import cdiv
 
 CPU_KV_CACHE_MEMORY = 1 << 30

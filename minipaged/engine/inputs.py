@@ -56,8 +56,10 @@ def encode(prompt: Prompt, index: int, tokenizer) -> tuple[str | None, list[int]
 def token_ids_of(prompt: object, index: int) -> list[int]:
     """The ids of a token-id prompt, as Python ints; TypeError for anything that is not integer ids."""
     if isinstance(prompt, (np.ndarray, torch.Tensor)):
-        is_int = prompt.dtype.kind in "iu" if isinstance(prompt, np.ndarray) else not (
-            prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool
+        is_int = (
+            prompt.dtype.kind in "iu"
+            if isinstance(prompt, np.ndarray)
+            else not (prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool)
         )
         if prompt.ndim != 1:
             raise ValueError(f"prompt {index}: an array prompt must be 1-D token ids, got shape {tuple(prompt.shape)}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from minipaged.engine.sequence import Sequence
-from minipaged.kv.allocator import BlockPool, KVCacheBlock
+from minipaged.kv.block_pool import BlockPool, KVCacheBlock
 from minipaged.kv.contiguous import ContiguousKVCache
 from minipaged.kv.prefix_cache import PrefixCache, chain_hashes
 

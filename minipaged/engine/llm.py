@@ -83,8 +83,14 @@ class LLM:
         cfg, paged = self.config, self.config.kv_layout == "paged"
         for i, ((_, ids), sp) in enumerate(zip(encoded, params)):
             inputs.check_request(
-                ids, sp, i, self.model.config.vocab_size, self.max_model_len, cfg.max_num_seqs,
-                self.num_blocks if paged else None, self.block_size,
+                ids,
+                sp,
+                i,
+                self.model.config.vocab_size,
+                self.max_model_len,
+                cfg.max_num_seqs,
+                self.num_blocks if paged else None,
+                self.block_size,
             )
         request_ids = []
         for (text, ids), sp in zip(encoded, params):

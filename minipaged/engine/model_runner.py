@@ -30,7 +30,7 @@ from minipaged.engine.sampler import sample
 from minipaged.engine.scheduler import ScheduledBatch
 from minipaged.engine.sequence import Sequence
 from minipaged.kv.contiguous import ContiguousKVCache
-from minipaged.kv.slot_mapping import PagedKVCache
+from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.model.decoder import DecoderModel
 
 

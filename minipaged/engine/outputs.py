@@ -52,9 +52,7 @@ class Request:
             shown = s.output_token_ids[:-1] if s.finish_reason == "stop" else s.output_token_ids
             text = tokenizer.decode(shown) if tokenizer is not None else ""
             outs.append(CompletionOutput(s.sample_index, text, s.output_token_ids, s.finish_reason))
-        return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, outs, self.seqs[0].num_cached_tokens
-        )
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.seqs[0].num_cached_tokens)
 
 
 @dataclass

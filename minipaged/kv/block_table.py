@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from minipaged.kv.allocator import BlockPool
+from minipaged.kv.block_pool import BlockPool
 from minipaged.utils import cdiv
 
 
@@ -54,7 +54,7 @@ class BlockTable:
     def append_tokens(self, num_new_tokens: int, pool: BlockPool) -> list[int]:
         """Make room for ``num_new_tokens`` more tokens; return the ids of newly allocated blocks.
 
-        All or nothing: if the pool is short, :class:`~minipaged.kv.allocator.NoFreeBlocksError`
+        All or nothing: if the pool is short, :class:`~minipaged.kv.block_pool.NoFreeBlocksError`
         propagates and the table is unchanged.
         """
         if num_new_tokens < 0:

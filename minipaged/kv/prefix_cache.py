@@ -22,7 +22,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from minipaged.kv.allocator import BlockPool, KVCacheBlock
+from minipaged.kv.block_pool import BlockPool, KVCacheBlock
 
 ROOT_HASH = 0  # the parent of a sequence's first block
 

@@ -1,4 +1,4 @@
-"""Stage 3: slot mapping and the paged KV cache tensors.
+"""Stage 3: slot mapping, where each new token's K/V goes in the paged pool.
 
 A physical slot is one token's place in the pool: ``slot = block_id * block_size + offset``.
 Viewing a cache ``[num_blocks, block_size, num_kv_heads, head_dim]`` as ``[num_slots,
@@ -42,39 +42,3 @@ def build_slot_mapping(
     for table, start, end in zip(block_tables, starts, ends):
         slots += slots_for(table, start, end, block_size)
     return torch.tensor(slots, dtype=torch.int64, device=device)
-
-
-class PagedKVCache:
-    """The physical pool: K and V tensors of every layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
-
-    Which block belongs to which sequence lives elsewhere (the allocator and block tables);
-    this class only holds memory.
-    """
-
-    def __init__(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-
-    @property
-    def num_slots(self) -> int:
-        return self.num_blocks * self.block_size
-
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def copy_block(self, src: int, dst: int) -> None:
-        """Copy one physical block's K/V in every layer (copy-on-write)."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minipaged.attention.cache_attention import CacheAttention
-from minipaged.config import SUPPORTED_ACTIVATIONS, ModelConfig
+from minipaged.model.config import SUPPORTED_ACTIVATIONS, ModelConfig
 from minipaged.model.rope import RotaryEmbedding
 
 # The MLP activations config.json may name (``hidden_act``), as transformers defines them.

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from minipaged.config import ModelConfig
+from minipaged.model.config import ModelConfig
 from minipaged.model.decoder import DecoderModel
 from minipaged.model.tokenizer import Tokenizer, load_tokenizer
 

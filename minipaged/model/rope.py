@@ -14,7 +14,7 @@ so they are a few lines each here:
 - ``yarn``: the same idea with a linear ramp over dimensions, plus an attention scaling.
 
 Variants whose frequencies change with the sequence length (``dynamic``, ``longrope``) are
-refused by :mod:`minipaged.config`.
+refused by :mod:`minipaged.model.config`.
 """
 
 from __future__ import annotations

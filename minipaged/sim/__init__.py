@@ -9,14 +9,14 @@ from minipaged.sim.replay import (
     replay_steps,
     simulate_contiguous_vs_paged,
 )
-from minipaged.sim.traces import Request, synthetic_trace, token_ids_for
+from minipaged.sim.traces import TraceRequest, synthetic_trace, token_ids_for
 
 __all__ = [
     "ContiguousReplay",
     "ContiguousState",
     "PagedReplay",
     "PagedState",
-    "Request",
+    "TraceRequest",
     "replay_steps",
     "simulate_contiguous_vs_paged",
     "synthetic_trace",

@@ -20,10 +20,10 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from minipaged.kv.allocator import BlockPool, NoFreeBlocksError
+from minipaged.kv.block_pool import BlockPool, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ArenaFullError, FirstFitArena
-from minipaged.sim.traces import Request
+from minipaged.sim.traces import TraceRequest
 from minipaged.utils import cdiv
 
 
@@ -79,8 +79,8 @@ class Replay(ABC):
     """
 
     def __init__(self) -> None:
-        self.waiting: deque[Request] = deque()
-        self.running: dict[int, Request] = {}  # request_id -> request, in admission order
+        self.waiting: deque[TraceRequest] = deque()
+        self.running: dict[int, TraceRequest] = {}  # request_id -> request, in admission order
         self.tokens: dict[int, int] = {}  # request_id -> tokens held
         self.resume_tokens: dict[int, int] = {}  # preempted request_id -> tokens to recompute on resumption
         self.admitted: set[int] = set()
@@ -88,8 +88,16 @@ class Replay(ABC):
         self.preemptions = 0
         self.num_steps = 0
         self.series: dict[str, list[float]] = {
-            k: [] for k in ("running", "admitted", "finished", "queue_len", "used_slots", "allocated_slots",
-                            "external_fragmentation")
+            k: []
+            for k in (
+                "running",
+                "admitted",
+                "finished",
+                "queue_len",
+                "used_slots",
+                "allocated_slots",
+                "external_fragmentation",
+            )
         }
 
     @property
@@ -97,7 +105,7 @@ class Replay(ABC):
         """Whether a request is running or waiting."""
         return bool(self.running or self.waiting)
 
-    def step(self, arrivals: Sequence[Request]) -> None:
+    def step(self, arrivals: Sequence[TraceRequest]) -> None:
         """One step: running requests grow (or finish), then ``arrivals`` queue and the queue is admitted FIFO."""
         preempted = self._grow()
         self.waiting.extend(arrivals)
@@ -131,10 +139,10 @@ class Replay(ABC):
                 preempted = True
         return preempted
 
-    def _release(self, request: Request) -> None:
+    def _release(self, request: TraceRequest) -> None:
         del self.running[request.request_id], self.tokens[request.request_id]
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: TraceRequest) -> None:
         """Recompute preemption: drop the request's memory, queue it first, keep its progress."""
         self.resume_tokens[request.request_id] = self.tokens[request.request_id]
         self._release(request)
@@ -142,28 +150,38 @@ class Replay(ABC):
         self.preemptions += 1
 
     def _measure(self) -> dict[str, float]:
-        return {"running": len(self.running), "admitted": len(self.admitted), "finished": self.finished,
-                "queue_len": len(self.waiting), "used_slots": sum(self.tokens.values())}
+        return {
+            "running": len(self.running),
+            "admitted": len(self.admitted),
+            "finished": self.finished,
+            "queue_len": len(self.waiting),
+            "used_slots": sum(self.tokens.values()),
+        }
 
     def _common_state(self) -> dict:
-        return {"step": self.num_steps - 1, "running": tuple(self.running), "finished": self.finished,
-                "waiting": tuple(r.request_id for r in self.waiting), "tokens": dict(self.tokens),
-                "preemptions": self.preemptions}
+        return {
+            "step": self.num_steps - 1,
+            "running": tuple(self.running),
+            "finished": self.finished,
+            "waiting": tuple(r.request_id for r in self.waiting),
+            "tokens": dict(self.tokens),
+            "preemptions": self.preemptions,
+        }
 
     @abstractmethod
     def state(self) -> ReplayState:
         """A copy of the system after the last step."""
 
     @abstractmethod
-    def check_trace(self, trace: Sequence[Request]) -> None:
+    def check_trace(self, trace: Sequence[TraceRequest]) -> None:
         """Raise ValueError if a request of ``trace`` could never run on this system (it would wait forever)."""
 
     @abstractmethod
-    def _admit(self, request: Request, num_tokens: int) -> bool:
+    def _admit(self, request: TraceRequest, num_tokens: int) -> bool:
         """Allocate memory for ``num_tokens`` tokens of a new request; False (nothing changed) if it does not fit."""
 
     @abstractmethod
-    def _append_token(self, request: Request) -> bool:
+    def _append_token(self, request: TraceRequest) -> bool:
         """Make room for one more token of a running request; False if the request was preempted instead."""
 
 
@@ -175,8 +193,9 @@ class ContiguousReplay(Replay):
     subclass with another rule (best fit, say).
     """
 
-    def __init__(self, num_slots: int, max_seq_len: int, reserve: str = "max",
-                 arena_type: type[FirstFitArena] = FirstFitArena) -> None:
+    def __init__(
+        self, num_slots: int, max_seq_len: int, reserve: str = "max", arena_type: type[FirstFitArena] = FirstFitArena
+    ) -> None:
         if reserve not in ("max", "exact"):
             raise ValueError(f"reserve must be 'max' or 'exact', got {reserve!r}")
         if max_seq_len > num_slots:
@@ -185,32 +204,35 @@ class ContiguousReplay(Replay):
         self.arena = arena_type(num_slots)
         self.max_seq_len, self.reserve = max_seq_len, reserve
 
-    def size_of(self, request: Request) -> int:
+    def size_of(self, request: TraceRequest) -> int:
         """The slots ``request`` reserves."""
         return self.max_seq_len if self.reserve == "max" else request.total_len
 
-    def check_trace(self, trace: Sequence[Request]) -> None:
+    def check_trace(self, trace: Sequence[TraceRequest]) -> None:
         too_long = [r.request_id for r in trace if r.total_len > self.max_seq_len]
         if too_long:
             raise ValueError(f"requests {too_long[:5]} exceed max_seq_len {self.max_seq_len}")
 
-    def _admit(self, request: Request, num_tokens: int) -> bool:
+    def _admit(self, request: TraceRequest, num_tokens: int) -> bool:
         try:
             self.arena.reserve(request.request_id, self.size_of(request))
         except ArenaFullError:
             return False
         return True
 
-    def _append_token(self, request: Request) -> bool:
+    def _append_token(self, request: TraceRequest) -> bool:
         return True  # the reservation already covers the whole output
 
-    def _release(self, request: Request) -> None:
+    def _release(self, request: TraceRequest) -> None:
         self.arena.free(request.request_id)
         super()._release(request)
 
     def _measure(self) -> dict[str, float]:
-        return {**super()._measure(), "allocated_slots": self.arena.num_slots - self.arena.free_slots,
-                "external_fragmentation": self.arena.external_fragmentation}
+        return {
+            **super()._measure(),
+            "allocated_slots": self.arena.num_slots - self.arena.free_slots,
+            "external_fragmentation": self.arena.external_fragmentation,
+        }
 
     def state(self) -> ContiguousState:
         # Contiguous never preempts, so a request still at the head of the queue is one admission just refused.
@@ -227,13 +249,15 @@ class PagedReplay(Replay):
         self.block_size = block_size
         self.tables: dict[int, BlockTable] = {}
 
-    def check_trace(self, trace: Sequence[Request]) -> None:
+    def check_trace(self, trace: Sequence[TraceRequest]) -> None:
         too_long = [r.request_id for r in trace if cdiv(r.total_len, self.block_size) > self.pool.num_blocks]
         if too_long:
-            raise ValueError(f"requests {too_long[:5]} need more than the pool's {self.pool.num_blocks} blocks "
-                             f"of {self.block_size}: give the pool more blocks")
+            raise ValueError(
+                f"requests {too_long[:5]} need more than the pool's {self.pool.num_blocks} blocks "
+                f"of {self.block_size}: give the pool more blocks"
+            )
 
-    def _admit(self, request: Request, num_tokens: int) -> bool:
+    def _admit(self, request: TraceRequest, num_tokens: int) -> bool:
         table = BlockTable(self.block_size)
         try:
             table.append_tokens(num_tokens, self.pool)
@@ -242,7 +266,7 @@ class PagedReplay(Replay):
         self.tables[request.request_id] = table
         return True
 
-    def _append_token(self, request: Request) -> bool:
+    def _append_token(self, request: TraceRequest) -> bool:
         """Grow by one token, preempting the newest running requests until it fits; False if ``request`` itself went."""
         while True:
             try:
@@ -254,23 +278,29 @@ class PagedReplay(Replay):
                 if victim is request:
                     return False
 
-    def _release(self, request: Request) -> None:
+    def _release(self, request: TraceRequest) -> None:
         self.tables.pop(request.request_id).free(self.pool)
         super()._release(request)
 
     def _measure(self) -> dict[str, float]:
         # Any free block serves any request, so paged memory has no external fragmentation.
-        return {**super()._measure(), "allocated_slots": self.pool.num_used_blocks * self.block_size,
-                "external_fragmentation": 0.0}
+        return {
+            **super()._measure(),
+            "allocated_slots": self.pool.num_used_blocks * self.block_size,
+            "external_fragmentation": 0.0,
+        }
 
     def state(self) -> PagedState:
-        return PagedState(**self._common_state(), block_size=self.block_size,
-                          ref_cnt=tuple(b.ref_cnt for b in self.pool.blocks),
-                          free_order=tuple(b.block_id for b in self.pool.free_queue),
-                          block_tables={rid: tuple(t.block_ids) for rid, t in self.tables.items()})
+        return PagedState(
+            **self._common_state(),
+            block_size=self.block_size,
+            ref_cnt=tuple(b.ref_cnt for b in self.pool.blocks),
+            free_order=tuple(b.block_id for b in self.pool.free_queue),
+            block_tables={rid: tuple(t.block_ids) for rid, t in self.tables.items()},
+        )
 
 
-def _run(trace: Sequence[Request], systems: Sequence[Replay]) -> Iterator[int]:
+def _run(trace: Sequence[TraceRequest], systems: Sequence[Replay]) -> Iterator[int]:
     """Step every system through ``trace`` in lockstep; yield each step's number until all are done."""
     pending = deque(sorted(trace, key=lambda r: (r.arrival, r.request_id)))
     t = 0
@@ -284,15 +314,16 @@ def _run(trace: Sequence[Request], systems: Sequence[Replay]) -> Iterator[int]:
         t += 1
 
 
-def _check(trace: Sequence[Request], systems: Sequence[Replay]) -> None:
+def _check(trace: Sequence[TraceRequest], systems: Sequence[Replay]) -> None:
     for system in systems:
         if system.num_steps:
-            raise ValueError(f"this {type(system).__name__} has already run {system.num_steps} steps: "
-                             "replay a trace on a new one")
+            raise ValueError(
+                f"this {type(system).__name__} has already run {system.num_steps} steps: replay a trace on a new one"
+            )
         system.check_trace(trace)
 
 
-def replay_steps(trace: Sequence[Request], system: ContiguousReplay | PagedReplay) -> Iterator[ReplayState]:
+def replay_steps(trace: Sequence[TraceRequest], system: ContiguousReplay | PagedReplay) -> Iterator[ReplayState]:
     """Replay ``trace`` on a new ``system``; yield its state after every step until the trace is served.
 
     The states are copies (a :class:`ContiguousState` or a :class:`PagedState`), so a list of
@@ -309,7 +340,7 @@ def replay_steps(trace: Sequence[Request], system: ContiguousReplay | PagedRepla
 
 
 def simulate_contiguous_vs_paged(
-    trace: list[Request], num_slots: int, block_size: int, max_seq_len: int, reserve: str = "max"
+    trace: list[TraceRequest], num_slots: int, block_size: int, max_seq_len: int, reserve: str = "max"
 ) -> dict:
     """Replay ``trace`` through stage 0 and stages 1-2 with the same ``num_slots`` of KV memory.
 

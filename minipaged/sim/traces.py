@@ -2,7 +2,7 @@
 
 Lengths of real prompts and outputs are long-tailed: most are short, a few are very long.
 Lognormal lengths reproduce that, arrivals follow a Poisson process, and a trace is a plain
-list of :class:`Request` that the same seed always rebuilds.
+list of :class:`TraceRequest` that the same seed always rebuilds.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 
 @dataclass
-class Request:
+class TraceRequest:
     """A request arriving at step ``arrival``; its first ``prefix_len`` prompt tokens are the shared
     prefix ``prefix_id`` (None: no shared prefix)."""
 
@@ -44,7 +44,7 @@ def synthetic_trace(
     shared_prefix_len: int = 0,
     num_prefixes: int = 0,
     sigma: float = 1.0,
-) -> list[Request]:
+) -> list[TraceRequest]:
     """``num_requests`` requests with lognormal lengths, arriving ``arrival_rate`` per step on average.
 
     ``prompt_len + output_len <= max_len`` always (the model's context). With ``num_prefixes > 0``
@@ -63,11 +63,11 @@ def synthetic_trace(
         prompt = shared_prefix_len + max(1, round(_lognormal(rng, mean_prompt, sigma)))
         prompt = min(prompt, max_len - 1)  # leave room for at least one output token
         output = min(max(1, round(_lognormal(rng, mean_output, sigma))), max_len - prompt)
-        requests.append(Request(request_id, int(clock), prompt, output, prefix_id, shared_prefix_len))
+        requests.append(TraceRequest(request_id, int(clock), prompt, output, prefix_id, shared_prefix_len))
     return requests
 
 
-def token_ids_for(request: Request, vocab_size: int, seed: int) -> list[int]:
+def token_ids_for(request: TraceRequest, vocab_size: int, seed: int) -> list[int]:
     """The prompt's token ids, deterministic in (request, seed).
 
     Requests with the same ``prefix_id`` share their first ``prefix_len`` ids; the rest is each request's own.

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from minipaged.config import ModelConfig
+from minipaged.model.config import ModelConfig
 from minipaged.model.decoder import DecoderModel
 from minipaged.model.loader import load_model
 from minipaged.model.tokenizer import ByteTokenizer
@@ -213,8 +213,17 @@ def main() -> None:
     p.add_argument("--final-lr", type=float, default=1e-3, help="peak learning rate of the final phase")
     p.add_argument("--short-share", type=float, default=1 / 3, help="final-phase batches with short preambles")
     a = p.parse_args()
-    train(a.out, a.seed, a.final_steps, a.max_curriculum_steps, a.batch_size, a.init, a.start_stage, a.final_lr,
-          a.short_share)
+    train(
+        a.out,
+        a.seed,
+        a.final_steps,
+        a.max_curriculum_steps,
+        a.batch_size,
+        a.init,
+        a.start_stage,
+        a.final_lr,
+        a.short_share,
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,18 @@ from tqdm.auto import tqdm
 from minipaged.viz.frames import SCENARIOS, Movie, engine_frames, prefix_frames, run_scenario
 from minipaged.viz.palette import BLUE, CACHED, CACHED_HATCH, FREE, IN_USE, MUTED, SHARED, Ink
 
-__all__ = ["draw_frame", "engine_frames", "frame_png", "frame_pngs", "html_page", "inline_html", "main", "player",
-           "prefix_frames", "render"]
+__all__ = [
+    "draw_frame",
+    "engine_frames",
+    "frame_png",
+    "frame_pngs",
+    "html_page",
+    "inline_html",
+    "main",
+    "player",
+    "prefix_frames",
+    "render",
+]
 
 WIDTH, HEIGHT, DPI = 1280, 800, 100
 FPS = 1.5  # engine steps per second: time to read a caption
@@ -46,8 +56,9 @@ def _ink(movie: Movie, seq: int) -> Ink:
 
 
 def _chip(ax, x: float, y: float, w: float, h: float, text: str, ink: Ink, size: float = 14) -> None:
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0,rounding_size=6", fc=ink.color, ec="none",
-                                hatch=ink.hatch))
+    ax.add_patch(
+        FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0,rounding_size=6", fc=ink.color, ec="none", hatch=ink.hatch)
+    )
     ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, weight="bold", color=ink.text)
 
 
@@ -72,8 +83,14 @@ def _tables(ax, movie: Movie, k: int, top: float, bottom: float) -> None:
     seqs = sorted(set(snap.running) | set(snap.waiting) | set(ev.finished))
     longest = max(len(t) for f in movie.frames for t in f.snapshot.block_tables.values() or [[]]) or 1
     rows = max(len(set(f.snapshot.running) | set(f.snapshot.waiting) | set(f.events.finished)) for f in movie.frames)
-    ax.text(20, top, "Block tables: each row is a sequence; a box is one of its blocks, labelled with the "
-            "physical block id (filled part = tokens in the KV cache)", fontsize=12, va="top")
+    ax.text(
+        20,
+        top,
+        "Block tables: each row is a sequence; a box is one of its blocks, labelled with the "
+        "physical block id (filled part = tokens in the KV cache)",
+        fontsize=12,
+        va="top",
+    )
     row_h = min(66, (bottom - top - 26) / max(rows, 1))
     ch = max(14, min(32, row_h - 18))  # cell height; 16 px above each cell hold its tag
     cell = min(70, (910 - 200) / longest)
@@ -99,10 +116,28 @@ def _tables(ax, movie: Movie, k: int, top: float, bottom: float) -> None:
             if shared:
                 ax.add_patch(Rectangle((x, y), cell - 6, ch, fc="none", ec=SHARED, lw=3.5))
             box = None if filled == 1 else dict(boxstyle="round,pad=0.1", fc="white", ec="none")
-            ax.text(x + (cell - 6) / 2, y + ch / 2, str(b), ha="center", va="center", fontsize=12, weight="bold",
-                    color=ink.text if filled == 1 else "black", bbox=box)
-            tag = (f"copy of {cow[b]}" if b in cow else "hit" if b in hits and seq in ev.hits else
-                   "new" if b in grown else f"×{snap.ref_cnt[b]}" if shared else "")
+            ax.text(
+                x + (cell - 6) / 2,
+                y + ch / 2,
+                str(b),
+                ha="center",
+                va="center",
+                fontsize=12,
+                weight="bold",
+                color=ink.text if filled == 1 else "black",
+                bbox=box,
+            )
+            tag = (
+                f"copy of {cow[b]}"
+                if b in cow
+                else "hit"
+                if b in hits and seq in ev.hits
+                else "new"
+                if b in grown
+                else f"×{snap.ref_cnt[b]}"
+                if shared
+                else ""
+            )
             ax.text(x, y - 2, tag, fontsize=10, color=SHARED if b in cow or tag == "hit" else MUTED, va="bottom")
 
 
@@ -111,17 +146,23 @@ def _side(fig, ax, movie: Movie, k: int, left: float, top: float) -> None:
     frame = movie.frames[k]
     snap, t = frame.snapshot, frame.totals
     nm = movie.names
-    lines = [("Queues", 13, "bold"),
-             ("running: " + (" ".join(nm.get(s, str(s)) for s in snap.running) or "-"), 12, "normal"),
-             ("waiting: " + (" ".join(nm.get(s, str(s)) for s in snap.waiting) or "-"), 12, "normal"),
-             (f"tokens this step: {sum(d['num_tokens'] for d in snap.scheduled)} (budget {movie.token_budget})",
-              12, "normal"),
-             ("", 6, "normal"), ("Totals so far", 13, "bold"),
-             (f"free blocks: {snap.num_free_blocks} of {movie.num_blocks}", 12, "normal"),
-             (f"prefix-cache hits: {t['prefix_hit_tokens']} tokens", 12, "normal"),
-             (f"copies on write: {t['cow_copies']}", 12, "normal"),
-             (f"evictions: {t['evictions']}", 12, "normal"),
-             (f"preemptions: {t['preemptions']}", 12, "normal")]
+    lines = [
+        ("Queues", 13, "bold"),
+        ("running: " + (" ".join(nm.get(s, str(s)) for s in snap.running) or "-"), 12, "normal"),
+        ("waiting: " + (" ".join(nm.get(s, str(s)) for s in snap.waiting) or "-"), 12, "normal"),
+        (
+            f"tokens this step: {sum(d['num_tokens'] for d in snap.scheduled)} (budget {movie.token_budget})",
+            12,
+            "normal",
+        ),
+        ("", 6, "normal"),
+        ("Totals so far", 13, "bold"),
+        (f"free blocks: {snap.num_free_blocks} of {movie.num_blocks}", 12, "normal"),
+        (f"prefix-cache hits: {t['prefix_hit_tokens']} tokens", 12, "normal"),
+        (f"copies on write: {t['cow_copies']}", 12, "normal"),
+        (f"evictions: {t['evictions']}", 12, "normal"),
+        (f"preemptions: {t['preemptions']}", 12, "normal"),
+    ]
     y = top
     for text, size, weight in lines:
         ax.text(left, y, text, fontsize=size, weight=weight, va="top")
@@ -160,25 +201,66 @@ def _pool(ax, movie: Movie, k: int, top: float) -> None:
         if who:
             for j, seq in enumerate(who):
                 ink = _ink(movie, seq)
-                ax.add_patch(Rectangle((x + j * (w - 6) / len(who), y), (w - 6) / len(who), h - 6,
-                                       fc=ink.color, ec="none", hatch=ink.hatch))
+                ax.add_patch(
+                    Rectangle(
+                        (x + j * (w - 6) / len(who), y),
+                        (w - 6) / len(who),
+                        h - 6,
+                        fc=ink.color,
+                        ec="none",
+                        hatch=ink.hatch,
+                    )
+                )
             label = " ".join(movie.names.get(s, str(s)) for s in who)
         else:
             label = "cached" if snap.cached[b] else "free"
-            ax.add_patch(Rectangle((x, y), w - 6, h - 6, fc=CACHED if snap.cached[b] else FREE, lw=0,
-                                   ec="#7FA7C9", hatch=CACHED_HATCH if snap.cached[b] else None))
+            ax.add_patch(
+                Rectangle(
+                    (x, y),
+                    w - 6,
+                    h - 6,
+                    fc=CACHED if snap.cached[b] else FREE,
+                    lw=0,
+                    ec="#7FA7C9",
+                    hatch=CACHED_HATCH if snap.cached[b] else None,
+                )
+            )
         shared = snap.ref_cnt[b] > 1
-        ax.add_patch(Rectangle((x, y), w - 6, h - 6, fc="none", ec=SHARED if shared else "#444444",
-                               lw=3.5 if shared else 1))
+        ax.add_patch(
+            Rectangle((x, y), w - 6, h - 6, fc="none", ec=SHARED if shared else "#444444", lw=3.5 if shared else 1)
+        )
         box = dict(boxstyle="round,pad=0.15", fc="white", ec="none")
         ax.text(x + 6, y + 4, str(b), fontsize=13, weight="bold", va="top", bbox=box)
-        ax.text(x + (w - 6) / 2, y + (h - 6) * 0.62, label + (f"  ×{snap.ref_cnt[b]}" if shared else ""),
-                ha="center", va="center", fontsize=11, bbox=box, color="black" if who else MUTED)
+        ax.text(
+            x + (w - 6) / 2,
+            y + (h - 6) * 0.62,
+            label + (f"  ×{snap.ref_cnt[b]}" if shared else ""),
+            ha="center",
+            va="center",
+            fontsize=11,
+            bbox=box,
+            color="black" if who else MUTED,
+        )
         if b in tags:
-            ax.text(x + w - 10, y + 4, tags[b], ha="right", va="top", fontsize=10, weight="bold",
-                    color="white", bbox=dict(boxstyle="round,pad=0.2", fc=SHARED if tags[b] != "freed" else MUTED))
-    ax.text(20, HEIGHT - 12, "red outline: shared block (ref_cnt > 1)   ·   dotted blue: cached prefix nobody uses "
-            "(reusable; evicted least recently used first)   ·   grey: free", fontsize=11, color=MUTED)
+            ax.text(
+                x + w - 10,
+                y + 4,
+                tags[b],
+                ha="right",
+                va="top",
+                fontsize=10,
+                weight="bold",
+                color="white",
+                bbox=dict(boxstyle="round,pad=0.2", fc=SHARED if tags[b] != "freed" else MUTED),
+            )
+    ax.text(
+        20,
+        HEIGHT - 12,
+        "red outline: shared block (ref_cnt > 1)   ·   dotted blue: cached prefix nobody uses "
+        "(reusable; evicted least recently used first)   ·   grey: free",
+        fontsize=11,
+        color=MUTED,
+    )
 
 
 def draw_frame(movie: Movie, k: int, fig: Figure | None = None) -> Figure:
@@ -193,8 +275,9 @@ def draw_frame(movie: Movie, k: int, fig: Figure | None = None) -> Figure:
     frame = movie.frames[k]
     ax.text(20, 14, movie.title, fontsize=17, weight="bold", va="top")
     ax.text(WIDTH - 20, 16, f"frame {k + 1} of {len(movie.frames)}", fontsize=11, va="top", ha="right", color=MUTED)
-    ax.add_patch(FancyBboxPatch((14, 50), WIDTH - 28, 80, boxstyle="round,pad=0,rounding_size=8", fc="#F3F3F3",
-                                ec="none"))
+    ax.add_patch(
+        FancyBboxPatch((14, 50), WIDTH - 28, 80, boxstyle="round,pad=0,rounding_size=8", fc="#F3F3F3", ec="none")
+    )
     size, width = (14, 118) if len(textwrap.wrap(frame.caption, 118)) <= 3 else (12, 138)  # stay in the box
     ax.text(26, 58, textwrap.fill(frame.caption, width), fontsize=size, va="top", linespacing=1.3)
     _tables(ax, movie, k, top=142, bottom=530)
@@ -221,9 +304,16 @@ def html_page(movie: Movie, pngs: list[bytes], fps: float = FPS) -> str:
     """A self-contained page (frames as data: URIs, no external files): play/pause, step slider, keys."""
     srcs = [f"data:image/png;base64,{base64.b64encode(p).decode()}" for p in pngs]
     captions = [f.caption for f in movie.frames]
-    return _PAGE.format(title=html.escape(movie.title), first=srcs[0], last=len(srcs) - 1, last_plus=len(srcs),
-                        caption=html.escape(captions[0]), frames=json.dumps(srcs), captions=json.dumps(captions),
-                        delay=int(1000 / fps))
+    return _PAGE.format(
+        title=html.escape(movie.title),
+        first=srcs[0],
+        last=len(srcs) - 1,
+        last_plus=len(srcs),
+        caption=html.escape(captions[0]),
+        frames=json.dumps(srcs),
+        captions=json.dumps(captions),
+        delay=int(1000 / fps),
+    )
 
 
 def _checked(path: str | Path) -> Path:
@@ -283,8 +373,10 @@ def inline_html(movie: Movie, fps: float = FPS, height: int = 900):
     from IPython.display import HTML
 
     page = html.escape(html_page(movie, frame_pngs(movie), fps))
-    return HTML(f'<div><iframe srcdoc="{page}" title="{html.escape(movie.title)}" '
-                f'style="width: 100%; max-width: {WIDTH + 20}px; height: {height}px; border: 0"></iframe></div>')
+    return HTML(
+        f'<div><iframe srcdoc="{page}" title="{html.escape(movie.title)}" '
+        f'style="width: 100%; max-width: {WIDTH + 20}px; height: {height}px; border: 0"></iframe></div>'
+    )
 
 
 def main(which: str, out: str | Path, fps: float = FPS, max_frames: int | None = None) -> Path:

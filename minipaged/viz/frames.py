@@ -131,13 +131,14 @@ def step_events(prev: StepSnapshot | None, snap: StepSnapshot, block_size: int) 
             if a != b:
                 ev.cow.append((seq, a, b))
                 allocated.append(b)
-        if table[len(old):]:
-            ev.grown[seq] = table[len(old):]
-            allocated += table[len(old):]
+        if table[len(old) :]:
+            ev.grown[seq] = table[len(old) :]
+            allocated += table[len(old) :]
     gone = [s for s in prev_tables if s not in snap.block_tables and s not in snap.preempted]
     ev.finished = gone
-    ev.evicted = sorted({b for b in allocated if prev_cached[b]} |
-                        {b for b, c in enumerate(snap.cached) if prev_cached[b] and not c})
+    ev.evicted = sorted(
+        {b for b in allocated if prev_cached[b]} | {b for b, c in enumerate(snap.cached) if prev_cached[b] and not c}
+    )
     ev.freed = [b for b, r in enumerate(snap.ref_cnt) if prev_ref[b] > 0 and r == 0]
     return ev
 
@@ -156,8 +157,9 @@ def _blocks(ids: Sequence[int]) -> str:
     return ("block " if len(ids) == 1 else "blocks ") + ", ".join(map(str, ids))
 
 
-def caption(prev: StepSnapshot | None, snap: StepSnapshot, ev: StepEvents, names: dict[int, str],
-            block_size: int) -> str:
+def caption(
+    prev: StepSnapshot | None, snap: StepSnapshot, ev: StepEvents, names: dict[int, str], block_size: int
+) -> str:
     """One clause per event, in the order the step did them; a plain summary when nothing special happened."""
     prev_tables = prev.block_tables if prev else {}
 
@@ -167,17 +169,26 @@ def caption(prev: StepSnapshot | None, snap: StepSnapshot, ev: StepEvents, names
     parts = []
     for seq in ev.preempted:
         n = len(_freed_by(ev, prev_tables, [seq]))
-        parts.append(f"the pool is full: {nm(seq)}, the newest running sequence, is preempted and gives back "
-                     f"{_plural(n, 'block')}; it will be recomputed later")
+        parts.append(
+            f"the pool is full: {nm(seq)}, the newest running sequence, is preempted and gives back "
+            f"{_plural(n, 'block')}; it will be recomputed later"
+        )
     for seq, old, new in ev.cow:
         keep = [nm(s) for s, t in snap.block_tables.items() if old in t]
-        parts.append(f"copy-on-write: {nm(seq)} writes into block {old}, which it shares, so it gets its own copy, "
-                     f"block {new}" + (f"; {', '.join(keep)} keeps block {old}" if keep else ""))
+        parts.append(
+            f"copy-on-write: {nm(seq)} writes into block {old}, which it shares, so it gets its own copy, "
+            f"block {new}" + (f"; {', '.join(keep)} keeps block {old}" if keep else "")
+        )
     for seq in ev.admitted:
         hit = ev.hits.get(seq, [])
         d = next(d for d in snap.scheduled if d["seq_id"] == seq)
-        what = (f"{nm(seq)} arrives and is admitted" if seq in ev.arrived else
-                f"{nm(seq)} resumes after preemption" if seq in ev.resumed else f"{nm(seq)} is admitted")
+        what = (
+            f"{nm(seq)} arrives and is admitted"
+            if seq in ev.arrived
+            else f"{nm(seq)} resumes after preemption"
+            if seq in ev.resumed
+            else f"{nm(seq)} is admitted"
+        )
         if hit:
             revived = " from the free queue" if set(hit) <= set(ev.revived) else ""
             what += f": {len(hit)} cached blocks hit{revived} ({len(hit) * block_size} tokens),"
@@ -190,31 +201,49 @@ def caption(prev: StepSnapshot | None, snap: StepSnapshot, ev: StepEvents, names
     takers = {b: s for s, bs in ev.grown.items() for b in bs} | {new: s for s, _, new in ev.cow}
     for seq in dict.fromkeys(takers[b] for b in ev.evicted if b in takers):
         mine = [b for b in ev.evicted if takers.get(b) == seq]
-        parts.append(f"{nm(seq)} needs {_plural(len(mine), 'block')}: {_blocks(mine)}, least recently freed, "
-                     f"evicted from the prefix cache")
+        parts.append(
+            f"{nm(seq)} needs {_plural(len(mine), 'block')}: {_blocks(mine)}, least recently freed, "
+            f"evicted from the prefix cache"
+        )
     for parent, child in ev.forked:
         shared = len(snap.block_tables[child])
         parts.append(f"{nm(parent)} forks {nm(child)}: both share its {shared} blocks")
     chunks = [d for d in snap.scheduled if d["kind"] == "prefill" and d["seq_id"] not in ev.admitted]
-    parts += [f"{nm(d['seq_id'])} prefills {d['num_tokens']} more tokens (chunked prefill: "
-              f"{snap.num_tokens.get(d['seq_id'], 0)} in cache)" for d in chunks]
+    parts += [
+        f"{nm(d['seq_id'])} prefills {d['num_tokens']} more tokens (chunked prefill: "
+        f"{snap.num_tokens.get(d['seq_id'], 0)} in cache)"
+        for d in chunks
+    ]
     if ev.finished:
         freed = _freed_by(ev, prev_tables, ev.finished)
         kept = sum(snap.cached[b] for b in freed)
-        parts.append(f"{', '.join(nm(s) for s in ev.finished)} finished: {_plural(len(freed), 'block')} freed"
-                     + (f" ({kept} stay cached)" if kept else ""))
+        parts.append(
+            f"{', '.join(nm(s) for s in ev.finished)} finished: {_plural(len(freed), 'block')} freed"
+            + (f" ({kept} stay cached)" if kept else "")
+        )
     decodes = sum(d["kind"] == "decode" for d in snap.scheduled)
     if not parts:
-        parts.append(f"{decodes} sequences decode one token each" if decodes > 1 else
-                     "1 sequence decodes one token" if decodes else "nothing to run")
+        parts.append(
+            f"{decodes} sequences decode one token each"
+            if decodes > 1
+            else "1 sequence decodes one token"
+            if decodes
+            else "nothing to run"
+        )
     for seq, blocks in ev.grown.items():
         if seq not in ev.admitted and not any(b in takers and b in ev.evicted for b in blocks):
             parts.append(f"{nm(seq)}'s table grows by {_blocks(blocks)}")
     return f"step {snap.step}: " + "; ".join(parts)
 
 
-def build_frames(snapshots: Sequence[StepSnapshot], block_size: int, num_blocks: int, title: str = "",
-                 names: dict[int, str] | None = None, token_budget: int | None = None) -> Movie:
+def build_frames(
+    snapshots: Sequence[StepSnapshot],
+    block_size: int,
+    num_blocks: int,
+    title: str = "",
+    names: dict[int, str] | None = None,
+    token_budget: int | None = None,
+) -> Movie:
     """A :class:`Movie` with one frame per snapshot (paged cache only: snapshots need ``ref_cnt``).
 
     For a run of your own: ``build_frames(snaps, llm.block_size, llm.num_blocks, "my run")``, where
@@ -243,8 +272,9 @@ def build_frames(snapshots: Sequence[StepSnapshot], block_size: int, num_blocks:
     # A colour of its own for each sequence (A blue, B orange, ...) while there are enough; past
     # that, colours are reused, never by two sequences alive at once.
     inks = owner_inks(everyone) if len(everyone) <= len(SEQUENCE_COLORS) else inks_over_time(alive)
-    return Movie(title, frames, names, {s: inks[n] for s, n in names.items() if n in inks}, block_size, num_blocks,
-                 token_budget)
+    return Movie(
+        title, frames, names, {s: inks[n] for s, n in names.items() if n in inks}, block_size, num_blocks, token_budget
+    )
 
 
 # -- the two scripted runs ------------------------------------------------------------------------------
@@ -275,18 +305,29 @@ SCENARIOS = {
     # recently freed first); E, after everyone else sharing it is gone, still finds the preamble cached.
     "prefix": Scenario(
         "Prefix caching: shared blocks, copy-on-write, LRU eviction",
-        dict(block_size=8, num_kvcache_blocks=16, max_num_seqs=4, max_num_batched_tokens=64,
-             enable_prefix_caching=True),
-        [Arrival(0, "kv cache", SYSTEM), Arrival(2, "paged blocks", SYSTEM), Arrival(4, "fork me", SYSTEM, n=2),
-         Arrival(9, "eviction", "Say it back: "), Arrival(16, "lru", SYSTEM)],
+        dict(
+            block_size=8, num_kvcache_blocks=16, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
+        ),
+        [
+            Arrival(0, "kv cache", SYSTEM),
+            Arrival(2, "paged blocks", SYSTEM),
+            Arrival(4, "fork me", SYSTEM, n=2),
+            Arrival(9, "eviction", "Say it back: "),
+            Arrival(16, "lru", SYSTEM),
+        ],
     ),
     # Five requests on a small pool with a 16-token budget: prompts are prefilled in chunks, tables
     # grow as tokens are decoded, the newest sequence is preempted when the pool runs dry.
     "engine": Scenario(
         "Continuous batching: chunked prefill, growing tables, preemption",
         dict(block_size=8, num_kvcache_blocks=12, max_num_seqs=4, max_num_batched_tokens=16),
-        [Arrival(0, "continuous batching"), Arrival(0, "pages"), Arrival(2, "chunked prefill splits", "long prompt: "),
-         Arrival(5, "preempt me"), Arrival(8, "done")],
+        [
+            Arrival(0, "continuous batching"),
+            Arrival(0, "pages"),
+            Arrival(2, "chunked prefill splits", "long prompt: "),
+            Arrival(5, "preempt me"),
+            Arrival(8, "done"),
+        ],
     ),
 }
 
@@ -304,11 +345,17 @@ def run_scenario(scenario: Scenario, max_steps: int = 200) -> Movie:
             skipped = pending[0].step - len(snapshots)
         while pending and pending[0].step - skipped <= len(snapshots):
             a = pending.pop(0)
-            llm.add_request(prompt_for(a.text, a.preamble),
-                            SamplingParams(temperature=0, max_tokens=scenario.max_tokens, n=a.n))
+            llm.add_request(
+                prompt_for(a.text, a.preamble), SamplingParams(temperature=0, max_tokens=scenario.max_tokens, n=a.n)
+            )
         snapshots.append(llm.step())
-    return build_frames(snapshots, llm.block_size, llm.num_blocks, scenario.title,
-                        token_budget=scenario.engine["max_num_batched_tokens"])
+    return build_frames(
+        snapshots,
+        llm.block_size,
+        llm.num_blocks,
+        scenario.title,
+        token_budget=scenario.engine["max_num_batched_tokens"],
+    )
 
 
 def prefix_frames(max_steps: int = 200) -> Movie:

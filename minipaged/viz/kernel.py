@@ -1,6 +1,6 @@
 """Stage 4 pictures: how the Triton paged-attention kernel splits and walks its work.
 
-The numbers come from :mod:`minipaged.attention.tiled` (the kernel's algorithm in torch); these
+The numbers come from :mod:`minipaged.kernels.tiled` (the kernel's algorithm in torch); these
 functions only draw them (plain state in, ``Figure`` out, nothing shown):
 
 - :func:`draw_launch_grid`: the launch grid ``(num_seqs, num_kv_heads, num_q_tiles)``, one box
@@ -8,10 +8,10 @@ functions only draw them (plain state in, ``Figure`` out, nothing shown):
   owns; programs with no queries (past a short sequence's last tile) return at once;
 - :func:`draw_program_reads`: one program's walk over the context in KV tiles of ``block_n``
   positions: which physical blocks of the pool it reads, at which loop step, through the block
-  table (:func:`~minipaged.attention.tiled.program_reads`);
+  table (:func:`~minipaged.kernels.tiled.program_reads`);
 - :func:`draw_online_softmax`: the running max and running sum updated tile by tile, and the
   resulting probabilities against the full softmax
-  (:func:`~minipaged.attention.tiled.online_softmax_trace`).
+  (:func:`~minipaged.kernels.tiled.online_softmax_trace`).
 
 Patches carry a ``gid`` (``"program"``, ``"idle"``, ``"logical"``, ``"slot"``, ``"read"``,
 ``"score"``) so tests can count them; the arrows from logical to physical blocks are
@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import ConnectionPatch, Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from minipaged.attention.tiled import kv_tiles, online_softmax_trace, program_reads, query_tile
+from minipaged.kernels.tiled import kv_tiles, online_softmax_trace, program_reads, query_tile
 from minipaged.utils import cdiv
 from minipaged.viz.palette import FREE, WASTE, owner_color, step_color, text_color
 from minipaged.viz.style import SMALL, new_figure
@@ -61,7 +61,7 @@ def draw_launch_grid(
     Sequences (``program_id(0)``) are side by side, KV heads (``program_id(1)``) are rows, query
     tiles (``program_id(2)``) are columns inside a sequence. ``q_lens`` (new query tokens per
     sequence) and ``block_q`` (query tokens per tile) label each box with the query tokens it
-    owns (:func:`~minipaged.attention.tiled.query_tile`); a tile with none is drawn hatched
+    owns (:func:`~minipaged.kernels.tiled.query_tile`); a tile with none is drawn hatched
     grey: that program returns at once. ``group`` (query heads per KV head) adds the query heads
     each row serves (GQA).
 
@@ -95,18 +95,35 @@ def draw_launch_grid(
                     continue  # the legend says what grey means: no label repeated in every box
                 face = owner_color(s)
                 ax.add_patch(Rectangle(*box, facecolor=face, edgecolor="black", lw=1, gid="program"))
-                ax.text(x + cw / 2, y + ch * 0.72, f"({s},{h},{t})", ha="center", va="center", fontsize=SMALL + 1,
-                        color=text_color(face), fontweight="bold")
+                ax.text(
+                    x + cw / 2,
+                    y + ch * 0.72,
+                    f"({s},{h},{t})",
+                    ha="center",
+                    va="center",
+                    fontsize=SMALL + 1,
+                    color=text_color(face),
+                    fontweight="bold",
+                )
                 lines = [f"q {_span(tokens[0], tokens[-1])}"]
                 if group is not None:
                     lines.append(f"heads {_span(h * group, h * group + group - 1)}")
-                ax.text(x + cw / 2, y + ch * 0.33, "\n".join(lines), ha="center", va="center", fontsize=SMALL,
-                        color=text_color(face), linespacing=1.1)
+                ax.text(
+                    x + cw / 2,
+                    y + ch * 0.33,
+                    "\n".join(lines),
+                    ha="center",
+                    va="center",
+                    fontsize=SMALL,
+                    color=text_color(face),
+                    linespacing=1.1,
+                )
         label = names[s] + ("" if q_len is None else f"\nq_len {q_len}")
         ax.text(x0 + seq_w / 2, num_kv_heads * ch + 0.12, label, ha="center", va="bottom", fontsize=SMALL + 2)
     for h in range(num_kv_heads):
-        ax.text(-0.15, (num_kv_heads - 1 - h) * ch + ch / 2, f"KV head {h}", ha="right", va="center",
-                fontsize=SMALL + 2)
+        ax.text(
+            -0.15, (num_kv_heads - 1 - h) * ch + ch / 2, f"KV head {h}", ha="right", va="center", fontsize=SMALL + 2
+        )
     handles = [Patch(facecolor=owner_color(0), edgecolor="black", label="program (seq, KV head, q tile)")]
     if idle_any:
         handles.append(Patch(facecolor=IDLE, hatch="//", edgecolor="#777777", label="no queries: returns"))
@@ -139,7 +156,7 @@ def draw_program_reads(
     the physical block the table names. Positions are written in the cells of blocks of up to 8.
 
     ``num_blocks`` is the pool size (default: just past the largest id used); ``kv_end`` as in
-    :func:`~minipaged.attention.tiled.program_reads`.
+    :func:`~minipaged.kernels.tiled.program_reads`.
 
     Artists: one ``Rectangle`` per logical position (``gid`` ``"logical"``) and per pool slot
     (``"slot"``), one outline per read physical block (``"read"``), one ``ConnectionPatch`` per
@@ -154,8 +171,12 @@ def draw_program_reads(
         raise ValueError(f"block table names block {max(used)} but the pool has {num_blocks}")
     step_of = {pos: i for i, tile in enumerate(kv_tiles(kv_end, block_n)) for pos in tile}  # position -> loop step
     height = max(n_logical, num_blocks)
-    fig, (ax_l, ax_p) = new_figure(max(9.0, block_size + 8.0), 0.42 * height + 2.6, ncols=2,
-                                   gridspec_kw=dict(width_ratios=[block_size + 0.2, block_size + 4.3]))
+    fig, (ax_l, ax_p) = new_figure(
+        max(9.0, block_size + 8.0),
+        0.42 * height + 2.6,
+        ncols=2,
+        gridspec_kw=dict(width_ratios=[block_size + 0.2, block_size + 4.3]),
+    )
     labelled = block_size <= 8
 
     def slot_box(ax, o, y, face, gid, label=None):
@@ -195,8 +216,9 @@ def draw_program_reads(
                 slot_box(ax_p, o, y, step_color(step_of[pos]), "slot", str(pos))
         ax_p.text(-0.2, y + 0.5, str(b), ha="right", va="center", fontsize=SMALL + 2)
         if b in read_by:
-            ax_p.add_patch(Rectangle((0, y), block_size, 1, fill=False, edgecolor="black", lw=2.2, zorder=3,
-                                     gid="read"))
+            ax_p.add_patch(
+                Rectangle((0, y), block_size, 1, fill=False, edgecolor="black", lw=2.2, zorder=3, gid="read")
+            )
             logicals, stps = read_by[b]
             label = ",".join(f"L{lg}" for lg in sorted(logicals)) + "  step " + ",".join(map(str, sorted(stps)))
             ax_p.text(block_size + 0.25, y + 0.5, label, ha="left", va="center", fontsize=SMALL + 1)
@@ -212,13 +234,23 @@ def draw_program_reads(
 
     # Arrows: logical block -> physical block, coloured by the step that first reads it.
     for j in range(min(n_logical, cdiv(kv_end, block_size))):
-        arrow = ConnectionPatch(xyA=(block_size + 0.1, height - 1 - j + 0.5), coordsA=ax_l.transData,
-                                xyB=(-0.6, height - 1 - used[j] + 0.5), coordsB=ax_p.transData, arrowstyle="-|>",
-                                mutation_scale=14, color=step_color(step_of[j * block_size]), lw=1.6, alpha=0.9)
+        arrow = ConnectionPatch(
+            xyA=(block_size + 0.1, height - 1 - j + 0.5),
+            coordsA=ax_l.transData,
+            xyB=(-0.6, height - 1 - used[j] + 0.5),
+            coordsB=ax_p.transData,
+            arrowstyle="-|>",
+            mutation_scale=14,
+            color=step_color(step_of[j * block_size]),
+            lw=1.6,
+            alpha=0.9,
+        )
         fig.add_artist(arrow)
 
-    handles = [Patch(facecolor=step_color(i), label=f"step {i}: pos {_span(tile[0], tile[-1])}")
-               for i, tile in enumerate(kv_tiles(kv_end, block_n))]
+    handles = [
+        Patch(facecolor=step_color(i), label=f"step {i}: pos {_span(tile[0], tile[-1])}")
+        for i, tile in enumerate(kv_tiles(kv_end, block_n))
+    ]
     if kv_end < context_len:
         handles.append(Patch(facecolor=FREE, label="not read (after the tile's last query)"))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4), frameon=False)
@@ -238,7 +270,7 @@ def draw_online_softmax(scores: Sequence[float] | torch.Tensor, block_n: int, ti
        with the full sum ``sum(exp(s - max(s)))`` dashed: the last tile lands on it;
     3. the online probabilities ``exp(s - m) / l`` (bars) against the full softmax (dots).
 
-    The numbers are :func:`~minipaged.attention.tiled.online_softmax_trace`'s. Artists:
+    The numbers are :func:`~minipaged.kernels.tiled.online_softmax_trace`'s. Artists:
     ``len(scores)`` bars (``gid`` ``"score"``) in panel 1 and ``len(scores)`` in panel 3, one bar
     per tile in panel 2.
     """
@@ -269,15 +301,23 @@ def draw_online_softmax(scores: Sequence[float] | torch.Tensor, block_n: int, ti
     ax1.set_title(title or f"online softmax over {n} keys in tiles of {block_n}")
 
     full_sum = float(torch.exp(s - s.max()).sum())
-    ax2.bar(range(len(tiles)), tr["l"], color=[step_color(t) for t in range(len(tiles))], edgecolor="white",
-            width=0.6)
+    ax2.bar(range(len(tiles)), tr["l"], color=[step_color(t) for t in range(len(tiles))], edgecolor="white", width=0.6)
     ax2.axhline(full_sum, color="black", ls="--", lw=1.5, label=f"full sum {full_sum:.3f}")
     for t in range(len(tiles)):
         note = f"l={tr['l'][t]:.3f}"
         if t and tr["alpha"][t] < 1.0:
             note += f"\nold l x{tr['alpha'][t]:.2f}"  # the rescale a new max forced on the old sum
-        ax2.annotate(note, (t, tr["l"][t]), xytext=(0, -4), textcoords="offset points", ha="center", va="top",
-                     fontsize=SMALL + 1, linespacing=1.1, color=text_color(step_color(t)))  # inside the bar
+        ax2.annotate(
+            note,
+            (t, tr["l"][t]),
+            xytext=(0, -4),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontsize=SMALL + 1,
+            linespacing=1.1,
+            color=text_color(step_color(t)),
+        )  # inside the bar
     ax2.set_xticks(range(len(tiles)), [f"after tile {t}" for t in range(len(tiles))])
     ax2.set_ylim(0, 1.3 * max(full_sum, max(tr["l"])))
     ax2.set_ylabel("running sum l")

@@ -83,11 +83,24 @@ def draw_memory_map(
     for owner, (start, size) in memory.reservations.items():
         n_used, ink = memory.tokens(owner), inks[owner]
         if n_used:
-            ax.add_patch(Rectangle((start, 0), n_used, 1, facecolor=ink.color, hatch=ink.hatch, edgecolor="black",
-                                   lw=0.8, gid="used"))
+            ax.add_patch(
+                Rectangle(
+                    (start, 0), n_used, 1, facecolor=ink.color, hatch=ink.hatch, edgecolor="black", lw=0.8, gid="used"
+                )
+            )
         if size > n_used:
-            ax.add_patch(Rectangle((start + n_used, 0), size - n_used, 1, facecolor="white", edgecolor=ink.color,
-                                   hatch=EMPTY_HATCH, lw=0.8, gid="empty"))
+            ax.add_patch(
+                Rectangle(
+                    (start + n_used, 0),
+                    size - n_used,
+                    1,
+                    facecolor="white",
+                    edgecolor=ink.color,
+                    hatch=EMPTY_HATCH,
+                    lw=0.8,
+                    gid="empty",
+                )
+            )
         ax.add_patch(Rectangle((start, 0), size, 1, fill=False, edgecolor="black", lw=1.5))
         if size >= label_min_frac * total:
             ax.text(start + size / 2, 1.12, str(owner), ha="center", va="bottom", fontsize=FONT_SIZE - 2)
@@ -102,14 +115,22 @@ def draw_memory_map(
     reserved = sum(size for _, size in memory.reservations.values())
     n_used = sum(memory.tokens(o) for o in memory.reservations)
     largest = max((size for _, size in holes), default=0)
-    summary = (f"{len(memory.reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
-               f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {largest})")
+    summary = (
+        f"{len(memory.reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
+        f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {largest})"
+    )
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
-    ax.legend(handles=[
-        Patch(facecolor="#777777", edgecolor="black", label="holds tokens (owner's colour)"),
-        Patch(facecolor="white", edgecolor="#777777", hatch=EMPTY_HATCH, label="reserved, empty"),
-        Patch(facecolor=FREE, edgecolor=WASTE, label="free hole"),
-    ], loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=3, frameon=False)
+    ax.legend(
+        handles=[
+            Patch(facecolor="#777777", edgecolor="black", label="holds tokens (owner's colour)"),
+            Patch(facecolor="white", edgecolor="#777777", hatch=EMPTY_HATCH, label="reserved, empty"),
+            Patch(facecolor=FREE, edgecolor=WASTE, label="free hole"),
+        ],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.45),
+        ncols=3,
+        frameon=False,
+    )
     return fig
 
 
@@ -133,11 +154,24 @@ def draw_waste(
     for row, owner in enumerate(owners):
         size, n_used = int(reserved[owner]), max(0, min(int(used.get(owner, 0)), int(reserved[owner])))
         y, ink = len(owners) - 1 - row, inks[owner]
-        ax.add_patch(Rectangle((0, y - 0.35), n_used, 0.7, facecolor=ink.color, hatch=ink.hatch, edgecolor="black",
-                               lw=0.8, gid="used"))
+        ax.add_patch(
+            Rectangle(
+                (0, y - 0.35), n_used, 0.7, facecolor=ink.color, hatch=ink.hatch, edgecolor="black", lw=0.8, gid="used"
+            )
+        )
         if size > n_used:
-            ax.add_patch(Rectangle((n_used, y - 0.35), size - n_used, 0.7, facecolor="white", edgecolor=ink.color,
-                                   hatch=EMPTY_HATCH, lw=0.8, gid="empty"))
+            ax.add_patch(
+                Rectangle(
+                    (n_used, y - 0.35),
+                    size - n_used,
+                    0.7,
+                    facecolor="white",
+                    edgecolor=ink.color,
+                    hatch=EMPTY_HATCH,
+                    lw=0.8,
+                    gid="empty",
+                )
+            )
         pct = 0.0 if size == 0 else 100 * (1 - n_used / size)
         ax.text(size, y, f" {pct:.0f}% empty", va="center", fontsize=FONT_SIZE - 2)
     ax.set_yticks(range(len(owners)), [str(o) for o in reversed(owners)])
@@ -182,8 +216,10 @@ def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str
         axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, color=color, linestyle=ls)
         axes[2].plot(x, series["admitted"], lw=2.2, label=label, color=color, linestyle=ls)
         handles.append(Line2D([], [], color=color, linestyle=ls, lw=2.5, label=label))
-    handles += [Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"),
-                Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated")]
+    handles += [
+        Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"),
+        Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated"),
+    ]
     axes[0].set_ylabel("% of KV memory" if num_slots else "slots")
     axes[0].set_ylim(bottom=0)
     axes[1].set_ylabel("external\nfragmentation %")

@@ -65,8 +65,20 @@ STATE_COLORS = {
 }
 
 # Sequences: Okabe-Ito without vermillion (shared) and black, then Paul Tol's muted.
-SEQUENCE_COLORS = [BLUE, ORANGE, GREEN, PURPLE, SKY, YELLOW, "#332288", "#882255", "#999933", "#44AA99",
-                   "#CC6677", "#A6761D"]
+SEQUENCE_COLORS = [
+    BLUE,
+    ORANGE,
+    GREEN,
+    PURPLE,
+    SKY,
+    YELLOW,
+    "#332288",
+    "#882255",
+    "#999933",
+    "#44AA99",
+    "#CC6677",
+    "#A6761D",
+]
 OVERFLOW_HATCHES = [None, "\\\\", "xx", "++"]  # one per round through SEQUENCE_COLORS
 
 
@@ -149,8 +161,9 @@ def owner_inks(owners: Iterable[Hashable]) -> dict[Hashable, Ink]:
     for rank, owner in enumerate(natural_order(owners)):
         first = _preferred(owner, rank)
         # the next free colour after the preferred one; a hatched round only when all are taken
-        slot = next(r * n + (first + i) % n for r in itertools.count() for i in range(n)
-                    if r * n + (first + i) % n not in taken)
+        slot = next(
+            r * n + (first + i) % n for r in itertools.count() for i in range(n) if r * n + (first + i) % n not in taken
+        )
         taken.add(slot)
         out[owner] = _ink(slot)
     return out

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
-from minipaged.kv.allocator import BlockPool
+from minipaged.kv.block_pool import BlockPool
 from minipaged.utils import cdiv
 from minipaged.viz.palette import (
     CACHED,
@@ -61,8 +61,12 @@ class PoolState:
 
     @classmethod
     def from_pool(cls, pool: BlockPool, owners: Mapping | None = None) -> PoolState:
-        return cls([b.ref_cnt for b in pool.blocks], [b.block_hash is not None for b in pool.blocks],
-                   [b.block_id for b in pool.free_queue], _owner_lists(owners))
+        return cls(
+            [b.ref_cnt for b in pool.blocks],
+            [b.block_hash is not None for b in pool.blocks],
+            [b.block_id for b in pool.free_queue],
+            _owner_lists(owners),
+        )
 
     @classmethod
     def from_snapshot(cls, snapshot) -> PoolState:
@@ -70,10 +74,12 @@ class PoolState:
         return cls(list(snapshot.ref_cnt), list(snapshot.cached or []), None, owners_from_tables(snapshot.block_tables))
 
     @classmethod
-    def from_ref_cnt(cls, ref_cnt: Sequence[int], owners: Mapping | None = None,
-                     free_order: Sequence[int] | None = None) -> PoolState:
-        return cls([int(r) for r in ref_cnt], [], None if free_order is None else list(free_order),
-                   _owner_lists(owners))
+    def from_ref_cnt(
+        cls, ref_cnt: Sequence[int], owners: Mapping | None = None, free_order: Sequence[int] | None = None
+    ) -> PoolState:
+        return cls(
+            [int(r) for r in ref_cnt], [], None if free_order is None else list(free_order), _owner_lists(owners)
+        )
 
 
 def _owner_lists(owners: Mapping | None) -> dict[int, list[Hashable]]:
@@ -83,8 +89,10 @@ def _owner_lists(owners: Mapping | None) -> dict[int, list[Hashable]]:
 
 def _owner_legend(inks: Mapping[Hashable, Ink]) -> list[Patch]:
     names = list(inks)
-    handles = [Patch(facecolor=inks[o].color, hatch=inks[o].hatch, edgecolor="#444444", label=str(o))
-               for o in names[:LEGEND_MAX]]
+    handles = [
+        Patch(facecolor=inks[o].color, hatch=inks[o].hatch, edgecolor="#444444", label=str(o))
+        for o in names[:LEGEND_MAX]
+    ]
     if len(names) > LEGEND_MAX:
         handles.append(Patch(facecolor="white", edgecolor="white", label=f"... {len(names) - LEGEND_MAX} more"))
     return handles
@@ -131,8 +139,10 @@ def draw_pool(
     inks = dict(inks) if inks is not None else owner_inks(present)
     missing = [o for o in present if o not in inks]
     if missing:
-        raise ValueError(f"inks has no colour for owners {missing[:5]}: build it from every frame's owners "
-                         "(palette.inks_over_time), or leave it out")
+        raise ValueError(
+            f"inks has no colour for owners {missing[:5]}: build it from every frame's owners "
+            "(palette.inks_over_time), or leave it out"
+        )
 
     ncols = ncols or min(num_blocks, 16)
     nrows = math.ceil(num_blocks / ncols)
@@ -146,22 +156,45 @@ def draw_pool(
         is_cached = block_id < len(cached) and cached[block_id] and rc == 0
         ink = inks[block_owners[0]] if block_owners else Ink(IN_USE if rc > 0 else (CACHED if is_cached else FREE))
         shared = rc > 1
-        ax.add_patch(Rectangle((x + 0.05, y + 0.05), 0.9, 0.9, facecolor=ink.color,
-                               hatch=CACHED_HATCH if is_cached else ink.hatch,
-                               edgecolor=SHARED if shared else "#444444", lw=4 if shared else 1, gid="block"))
+        ax.add_patch(
+            Rectangle(
+                (x + 0.05, y + 0.05),
+                0.9,
+                0.9,
+                facecolor=ink.color,
+                hatch=CACHED_HATCH if is_cached else ink.hatch,
+                edgecolor=SHARED if shared else "#444444",
+                lw=4 if shared else 1,
+                gid="block",
+            )
+        )
         ink_text = text_color(ink.color)
         ax.text(x + 0.1, y + 0.9, str(block_id), ha="left", va="top", fontsize=SMALL, color=ink_text)
         if block_owners:
             name = ",".join(str(o) for o in block_owners)
-            ax.text(x + 0.5, y + (0.5 if not shared else 0.55), name if len(name) <= 5 else name[:4] + "…",
-                    ha="center", va="center", fontsize=FONT_SIZE - 1 if len(name) <= 3 else SMALL + 1,
-                    color=ink_text, fontweight="bold")
+            ax.text(
+                x + 0.5,
+                y + (0.5 if not shared else 0.55),
+                name if len(name) <= 5 else name[:4] + "…",
+                ha="center",
+                va="center",
+                fontsize=FONT_SIZE - 1 if len(name) <= 3 else SMALL + 1,
+                color=ink_text,
+                fontweight="bold",
+            )
         if shared:  # only sharing is worth a number: every block in use has ref_cnt >= 1
-            ax.text(x + 0.9, y + 0.1, f"×{rc}", ha="right", va="bottom", fontsize=SMALL + 1, fontweight="bold",
-                    color=ink_text)
+            ax.text(
+                x + 0.9,
+                y + 0.1,
+                f"×{rc}",
+                ha="right",
+                va="bottom",
+                fontsize=SMALL + 1,
+                fontweight="bold",
+                color=ink_text,
+            )
         elif rc == 0 and block_id in queue_pos:
-            ax.text(x + 0.9, y + 0.1, f"q{queue_pos[block_id]}", ha="right", va="bottom", fontsize=SMALL,
-                    color=MUTED)
+            ax.text(x + 0.9, y + 0.1, f"q{queue_pos[block_id]}", ha="right", va="bottom", fontsize=SMALL, color=MUTED)
     ax.set_xlim(0, ncols)
     ax.set_ylim(0, nrows)
     ax.set_aspect("equal")
@@ -177,8 +210,15 @@ def draw_pool(
         handles.append(Patch(facecolor="white", edgecolor=SHARED, lw=3, label="shared: ×ref_cnt"))
     if any(c and rc == 0 for c, rc in zip(cached, pool.ref_cnt)):
         handles.append(Patch(facecolor=CACHED, edgecolor="#444444", hatch=CACHED_HATCH, label="free, cached"))
-    fig.legend(handles=handles, loc="outside lower left", ncols=LEGEND_COLS, frameon=False, fontsize=SMALL + 1,
-               columnspacing=1.2, handlelength=1.5)
+    fig.legend(
+        handles=handles,
+        loc="outside lower left",
+        ncols=LEGEND_COLS,
+        frameon=False,
+        fontsize=SMALL + 1,
+        columnspacing=1.2,
+        handlelength=1.5,
+    )
     return fig
 
 
@@ -251,11 +291,24 @@ def draw_block_tables(
             sw = w / block_size
             for s in range(block_size):
                 face = (ink.color, ink.hatch) if s < n_filled else ("white", None)
-                ax.add_patch(Rectangle((x0 + s * sw, y0), sw, 0.7, facecolor=face[0], hatch=face[1],
-                                       edgecolor="#BBBBBB", lw=0.4, gid="slot"))
+                ax.add_patch(
+                    Rectangle(
+                        (x0 + s * sw, y0),
+                        sw,
+                        0.7,
+                        facecolor=face[0],
+                        hatch=face[1],
+                        edgecolor="#BBBBBB",
+                        lw=0.4,
+                        gid="slot",
+                    )
+                )
         elif n_filled:
-            ax.add_patch(Rectangle((x0, y0), w * n_filled / block_size, 0.7, facecolor=ink.color, hatch=ink.hatch,
-                                   lw=0, gid="slot"))
+            ax.add_patch(
+                Rectangle(
+                    (x0, y0), w * n_filled / block_size, 0.7, facecolor=ink.color, hatch=ink.hatch, lw=0, gid="slot"
+                )
+            )
 
     # Pool, top-down, column-major so that ncols=1 is a plain column.
     pool_top = height - (height - pool_rows) / 2
@@ -271,10 +324,27 @@ def draw_block_tables(
         elif rc > 0:
             ax.add_patch(Rectangle((x, y), PW, 0.7, facecolor=IN_USE, lw=0, gid="slot"))
         shared = len(who) > 1 or rc > 1
-        ax.add_patch(Rectangle((x, y), PW, 0.7, fill=False, edgecolor=SHARED if shared else "#444444",
-                               lw=3.5 if shared else 1.2, gid="physical"))
-        ax.text(x - 0.1, y + 0.35, str(b), ha="right", va="center", fontsize=FONT_SIZE - 3,
-                fontweight="bold" if who else "normal", color="black" if (who or rc) else "#888888")
+        ax.add_patch(
+            Rectangle(
+                (x, y),
+                PW,
+                0.7,
+                fill=False,
+                edgecolor=SHARED if shared else "#444444",
+                lw=3.5 if shared else 1.2,
+                gid="physical",
+            )
+        )
+        ax.text(
+            x - 0.1,
+            y + 0.35,
+            str(b),
+            ha="right",
+            va="center",
+            fontsize=FONT_SIZE - 3,
+            fontweight="bold" if who else "normal",
+            color="black" if (who or rc) else "#888888",
+        )
 
     # Sequences, top-down.
     y = height - (height - logical_rows) / 2
@@ -291,15 +361,35 @@ def draw_block_tables(
             ax.text(-0.15, yb + 0.35, f"{name} #{j}", ha="right", va="center", fontsize=FONT_SIZE - 2)
             ax.add_patch(Rectangle((TX, yb), TW, 0.7, facecolor="white", edgecolor=ink.color, lw=2, gid="table"))
             ax.text(TX + TW / 2, yb + 0.35, str(b), ha="center", va="center", fontsize=FONT_SIZE - 1)
-            ax.add_patch(FancyArrowPatch((LW + 0.1, yb + 0.35), (TX - 0.05, yb + 0.35), arrowstyle="-|>",
-                                         mutation_scale=12, color="#666666", lw=1))
+            ax.add_patch(
+                FancyArrowPatch(
+                    (LW + 0.1, yb + 0.35),
+                    (TX - 0.05, yb + 0.35),
+                    arrowstyle="-|>",
+                    mutation_scale=12,
+                    color="#666666",
+                    lw=1,
+                )
+            )
             px, py = pool_xy[b]
-            ax.add_patch(FancyArrowPatch((TX + TW + 0.05, yb + 0.35), (px - 0.55, py + 0.35), arrowstyle="-|>",
-                                         mutation_scale=16, color=ink.color, lw=1.8, gid="arrow"))
+            ax.add_patch(
+                FancyArrowPatch(
+                    (TX + TW + 0.05, yb + 0.35),
+                    (px - 0.55, py + 0.35),
+                    arrowstyle="-|>",
+                    mutation_scale=16,
+                    color=ink.color,
+                    lw=1.8,
+                    gid="arrow",
+                )
+            )
         y -= 0.6
 
-    for x, label in ((LW / 2, "logical blocks"), (TX + TW / 2, "block table"),
-                     (PX + (ncols * (PW + PGAP) - PGAP) / 2, "physical blocks")):
+    for x, label in (
+        (LW / 2, "logical blocks"),
+        (TX + TW / 2, "block table"),
+        (PX + (ncols * (PW + PGAP) - PGAP) / 2, "physical blocks"),
+    ):
         ax.text(x, height + 0.25, label, ha="center", va="bottom", fontsize=FONT_SIZE - 1, fontweight="bold")
     ax.set_xlim(-1.6, width)
     ax.set_ylim(-0.2, height + 1.0)

@@ -43,8 +43,15 @@ from minipaged.viz.palette import (
 from minipaged.viz.prefix_state import Labels, PrefixState, as_state, copies_between, sharing_summary
 from minipaged.viz.style import FONT_SIZE, MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure
 
-__all__ = ["PrefixState", "as_state", "copies_between", "draw_cow_steps", "draw_savings", "draw_shared_pool",
-           "sharing_summary"]
+__all__ = [
+    "PrefixState",
+    "as_state",
+    "copies_between",
+    "draw_cow_steps",
+    "draw_savings",
+    "draw_shared_pool",
+    "sharing_summary",
+]
 
 INSET = 0.07  # gap around each block, in block widths
 COMPRESS_AT = 12  # tables longer than this collapse runs of shared blocks
@@ -104,20 +111,49 @@ def _scale(width: float, height: float, extra_h: float) -> tuple[float, float]:
     return scale, max(SMALL + 1.0, min(FONT_SIZE + 2.0, scale * 72 * 0.36))
 
 
-def _block(ax, x: float, y: float, fill: float, ink: Ink, shared: bool, free: bool, cached: bool, gid: str,
-           lw_shared: float = 4.0, width: float = 1.0) -> None:
+def _block(
+    ax,
+    x: float,
+    y: float,
+    fill: float,
+    ink: Ink,
+    shared: bool,
+    free: bool,
+    cached: bool,
+    gid: str,
+    lw_shared: float = 4.0,
+    width: float = 1.0,
+) -> None:
     """One block at (x, y): filled left to right by ``fill``, shared = hatched with a thick outline."""
     w, h = width - 2 * INSET, 1 - 2 * INSET
     x0, y0 = x + INSET, y + INSET
     if free:
-        ax.add_patch(Rectangle((x0, y0), w, h, facecolor=CACHED if cached else FREE, edgecolor="#999999", lw=1,
-                               hatch=CACHED_HATCH if cached else None, gid=gid))
+        ax.add_patch(
+            Rectangle(
+                (x0, y0),
+                w,
+                h,
+                facecolor=CACHED if cached else FREE,
+                edgecolor="#999999",
+                lw=1,
+                hatch=CACHED_HATCH if cached else None,
+                gid=gid,
+            )
+        )
         return
     ax.add_patch(Rectangle((x0, y0), w, h, facecolor="white", edgecolor="none", gid=gid))
     if fill > 0:
-        ax.add_patch(Rectangle((x0, y0), w * fill, h, facecolor=SHARED_FILL if shared else ink.color, lw=0,
-                               edgecolor=SHARED if shared else "#333333",
-                               hatch=SHARED_HATCH if shared else ink.hatch))
+        ax.add_patch(
+            Rectangle(
+                (x0, y0),
+                w * fill,
+                h,
+                facecolor=SHARED_FILL if shared else ink.color,
+                lw=0,
+                edgecolor=SHARED if shared else "#333333",
+                hatch=SHARED_HATCH if shared else ink.hatch,
+            )
+        )
     if shared:
         ax.add_patch(Rectangle((x0, y0), w, h, fill=False, edgecolor=SHARED, lw=lw_shared, gid="shared_outline"))
     else:
@@ -126,12 +162,21 @@ def _block(ax, x: float, y: float, fill: float, ink: Ink, shared: bool, free: bo
 
 def _id_text(ax, x: float, y: float, text: str, size: float, **kw) -> None:
     """A block id in bold black with a white halo: readable on every fill, and the fill stays visible."""
-    ax.text(x, y, text, ha="center", va="center", fontsize=size, color="black", fontweight="bold",
-            path_effects=HALO, **kw)
+    ax.text(
+        x, y, text, ha="center", va="center", fontsize=size, color="black", fontweight="bold", path_effects=HALO, **kw
+    )
 
 
-def _draw_state(ax, st: PrefixState, lay: _Layout, block_size: int, inks: Mapping[str, Ink], font: float,
-                show_tokens: bool, headers: bool = True) -> dict[int, tuple[float, float]]:
+def _draw_state(
+    ax,
+    st: PrefixState,
+    lay: _Layout,
+    block_size: int,
+    inks: Mapping[str, Ink],
+    font: float,
+    show_tokens: bool,
+    headers: bool = True,
+) -> dict[int, tuple[float, float]]:
     """Tables (left) and pool (right) on ``ax``; returns block id -> (x, y) of its pool cell."""
     fill = st.block_fill(block_size)
     shared = st.shared_blocks()
@@ -150,18 +195,42 @@ def _draw_state(ax, st: PrefixState, lay: _Layout, block_size: int, inks: Mappin
                 _id_text(ax, x + w / 2, y + 0.5, f"{ids[0]}–{ids[-1]}" if consecutive else f"{len(ids)} blocks", font)
                 continue
             b = ids[0]
-            _block(ax, x, y, st.fill(name, j, block_size), inks[name], b in shared, False, False, "table_cell",
-                   lw_shared=3.5)
+            _block(
+                ax,
+                x,
+                y,
+                st.fill(name, j, block_size),
+                inks[name],
+                b in shared,
+                False,
+                False,
+                "table_cell",
+                lw_shared=3.5,
+            )
             _id_text(ax, x + 0.5, y + 0.5, str(b), font if b < 100 else max(SMALL, font - 3))
         n = st.num_tokens[name]
         if show_tokens and n >= 0 and (i == 0 or not same_count):
             end = lay.segments[name][-1][0] + lay.segments[name][-1][1] if table else 0
-            ax.text(end + 0.2, y + 0.5, f"{n} tokens" + (" each" if same_count else ""), ha="left", va="center",
-                    fontsize=font - 1, color=MUTED)
+            ax.text(
+                end + 0.2,
+                y + 0.5,
+                f"{n} tokens" + (" each" if same_count else ""),
+                ha="left",
+                va="center",
+                fontsize=font - 1,
+                color=MUTED,
+            )
     if headers and lay.table_len:
         if lay.compressed:
-            ax.text(0, top + 0.3, "block tables (runs of shared blocks drawn as one cell)", ha="left",
-                    va="center", fontsize=font - 1, color=MUTED)
+            ax.text(
+                0,
+                top + 0.3,
+                "block tables (runs of shared blocks drawn as one cell)",
+                ha="left",
+                va="center",
+                fontsize=font - 1,
+                color=MUTED,
+            )
         else:
             ax.text(-0.25, top + 0.3, "logical", ha="right", va="center", fontsize=font - 1, color=MUTED)
             for j in range(lay.table_len):
@@ -181,30 +250,57 @@ def _draw_state(ax, st: PrefixState, lay: _Layout, block_size: int, inks: Mappin
             ax.text(x + 0.5, y + 0.5, str(b), ha="center", va="center", fontsize=font - 1, color=MUTED)
         elif b in shared:
             _id_text(ax, x + 0.5, y + 0.7, str(b), font - 1)
-            ax.text(x + 0.5, y + 0.3, f"×{rc}", ha="center", va="center", fontsize=font, fontweight="bold",
-                    color="black", gid="ref_cnt",
-                    bbox=dict(boxstyle="round,pad=0.1", facecolor="white", edgecolor=SHARED, lw=1.5))
+            ax.text(
+                x + 0.5,
+                y + 0.3,
+                f"×{rc}",
+                ha="center",
+                va="center",
+                fontsize=font,
+                fontweight="bold",
+                color="black",
+                gid="ref_cnt",
+                bbox=dict(boxstyle="round,pad=0.1", facecolor="white", edgecolor=SHARED, lw=1.5),
+            )
         else:
             _id_text(ax, x + 0.5, y + 0.5, str(b), font if b < 100 else max(SMALL, font - 3))
     if headers:
-        ax.text(lay.pool_x, top + 0.3, "physical blocks (the pool)", ha="left", va="center", fontsize=font,
-                fontweight="bold")
+        ax.text(
+            lay.pool_x,
+            top + 0.3,
+            "physical blocks (the pool)",
+            ha="left",
+            va="center",
+            fontsize=font,
+            fontweight="bold",
+        )
     if lay.shown < lay.num_blocks:
-        ax.text(lay.pool_x + lay.ncols, pool_top - lay.pool_rows - 0.15,
-                f"+ {lay.num_blocks - lay.shown} more blocks, all free", ha="right", va="top",
-                fontsize=font - 1, color=MUTED)
+        ax.text(
+            lay.pool_x + lay.ncols,
+            pool_top - lay.pool_rows - 0.15,
+            f"+ {lay.num_blocks - lay.shown} more blocks, all free",
+            ha="right",
+            va="top",
+            fontsize=font - 1,
+            color=MUTED,
+        )
     return xy
 
 
-def _legend(fig: Figure, st: PrefixState, inks: Mapping[str, Ink], any_shared: bool, font: float,
-            cow: bool = False) -> None:
+def _legend(
+    fig: Figure, st: PrefixState, inks: Mapping[str, Ink], any_shared: bool, font: float, cow: bool = False
+) -> None:
     names = list(st.tables)
     # One entry per sequence while there are few; beyond that the row labels name them.
-    handles = [Patch(facecolor=inks[n].color, hatch=inks[n].hatch, edgecolor="#333333", label=n)
-               for n in names if len(names) <= LEGEND_MAX]
+    handles = [
+        Patch(facecolor=inks[n].color, hatch=inks[n].hatch, edgecolor="#333333", label=n)
+        for n in names
+        if len(names) <= LEGEND_MAX
+    ]
     if any_shared:
-        handles.append(Patch(facecolor=SHARED_FILL, edgecolor=SHARED, hatch=SHARED_HATCH, lw=3,
-                             label="shared: ×n = ref_cnt"))
+        handles.append(
+            Patch(facecolor=SHARED_FILL, edgecolor=SHARED, hatch=SHARED_HATCH, lw=3, label="shared: ×n = ref_cnt")
+        )
     if any(r == 0 and not c for c, r in zip(st.cached, st.ref_cnt)):
         handles.append(Patch(facecolor=FREE, edgecolor="#999999", label="free"))
     if any(c and r == 0 for c, r in zip(st.cached, st.ref_cnt)):
@@ -212,8 +308,13 @@ def _legend(fig: Figure, st: PrefixState, inks: Mapping[str, Ink], any_shared: b
     handles.append(Patch(facecolor="white", edgecolor="#333333", label="empty slots (white part)"))
     if cow:
         handles.append(Line2D([], [], color=SHARED, lw=2.5, marker=">", label="copy-on-write copy"))
-    fig.legend(handles=handles, frameon=False, loc="outside lower center", ncols=min(4, len(names) + 3),
-               fontsize=max(SMALL, font - 1))
+    fig.legend(
+        handles=handles,
+        frameon=False,
+        loc="outside lower center",
+        ncols=min(4, len(names) + 3),
+        fontsize=max(SMALL, font - 1),
+    )
 
 
 def _summary_line(st: PrefixState, hit_rate: float | None) -> str:
@@ -222,9 +323,12 @@ def _summary_line(st: PrefixState, hit_rate: float | None) -> str:
     def plural(n: int, word: str) -> str:
         return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
-    parts = [plural(s["num_tables"], "sequence"), plural(len(s["shared_blocks"]), "shared block"),
-             f"{s['blocks_in_use']} blocks in use instead of {s['blocks_without_sharing']}"
-             f" ({s['saved_fraction']:.0%} saved)"]
+    parts = [
+        plural(s["num_tables"], "sequence"),
+        plural(len(s["shared_blocks"]), "shared block"),
+        f"{s['blocks_in_use']} blocks in use instead of {s['blocks_without_sharing']}"
+        f" ({s['saved_fraction']:.0%} saved)",
+    ]
     if hit_rate is not None:
         parts.append(f"prefix hit rate {hit_rate:.0%}")
     return " · ".join(parts)
@@ -301,17 +405,32 @@ def draw_cow_steps(
     tops = [lay.rows + (0.7 if k == 0 else 0.15) + (1.0 if copies[k] else 0) for k, lay in enumerate(lays)]
     heights = [t + 0.3 for t in tops]
     scale, font = _scale(width + label_w + 0.5, sum(heights), 1.2 + 0.55 * len(states))
-    fig, axes = new_figure((width + label_w + 0.5) * scale + 0.4, sum(heights) * scale + 1.0 + 0.55 * len(states),
-                           nrows=len(states), squeeze=False, gridspec_kw=dict(height_ratios=heights))
+    fig, axes = new_figure(
+        (width + label_w + 0.5) * scale + 0.4,
+        sum(heights) * scale + 1.0 + 0.55 * len(states),
+        nrows=len(states),
+        squeeze=False,
+        gridspec_kw=dict(height_ratios=heights),
+    )
     for k, (ax, st, lay) in enumerate(zip(axes[:, 0], states, lays)):
         xy = _draw_state(ax, st, lay, block_size, inks, font, True, headers=k == 0)
         for _, _, a, b in copies[k]:
             (xa, ya), (xb, yb) = xy[a], xy[b]
             rad = min(0.45, 1.8 / max(abs(xb - xa), 1)) if abs(ya - yb) < 1e-9 else 0.2  # arcs at most ~0.9 high
-            ax.add_patch(FancyArrowPatch(
-                (xa + 0.5, ya + 1 - INSET), (xb + 0.5, yb + 1 - INSET), arrowstyle="-|>", mutation_scale=22,
-                color=SHARED, lw=2.5, gid="copy_arrow", shrinkA=2, shrinkB=2,
-                connectionstyle=f"arc3,rad={-rad if xb > xa else rad}"))
+            ax.add_patch(
+                FancyArrowPatch(
+                    (xa + 0.5, ya + 1 - INSET),
+                    (xb + 0.5, yb + 1 - INSET),
+                    arrowstyle="-|>",
+                    mutation_scale=22,
+                    color=SHARED,
+                    lw=2.5,
+                    gid="copy_arrow",
+                    shrinkA=2,
+                    shrinkB=2,
+                    connectionstyle=f"arc3,rad={-rad if xb > xa else rad}",
+                )
+            )
         if titles is not None:
             head = titles[k]
         else:
@@ -323,8 +442,9 @@ def draw_cow_steps(
         ax.set_aspect("equal")
         ax.set_anchor("N")
         ax.axis("off")
-    all_st = PrefixState({n: [] for n in names}, {}, [r for s in states for r in s.ref_cnt],
-                         [c for s in states for c in s.cached])
+    all_st = PrefixState(
+        {n: [] for n in names}, {}, [r for s in states for r in s.ref_cnt], [c for s in states for c in s.cached]
+    )
     _legend(fig, all_st, inks, True, font, cow=len(states) > 1)
     return fig
 
@@ -354,16 +474,32 @@ def draw_savings(
     ax.plot(ns, saved, "-o", color=PAGED, lw=3, ms=9, label="KV memory saved", gid="saved")
     # End-of-line labels, pushed apart when the two lines end close together.
     apart = 0 if hits is None or abs(hits[-1] - saved[-1]) >= 7 else (9 if saved[-1] >= hits[-1] else -9)
-    ax.annotate(f"{saved[-1]:.0f}%", (ns[-1], saved[-1]), xytext=(10, apart), textcoords="offset points",
-                va="center", fontsize=FONT_SIZE + 2, fontweight="bold", color=PAGED)
+    ax.annotate(
+        f"{saved[-1]:.0f}%",
+        (ns[-1], saved[-1]),
+        xytext=(10, apart),
+        textcoords="offset points",
+        va="center",
+        fontsize=FONT_SIZE + 2,
+        fontweight="bold",
+        color=PAGED,
+    )
     if hits is not None:
-        ax.plot(ns, hits, "--s", color=hit_color, lw=3, ms=9, label="prefix hit rate (prompt tokens)",
-                gid="hit_rate")
-        ax.annotate(f"{hits[-1]:.0f}%", (ns[-1], hits[-1]), xytext=(10, -apart), textcoords="offset points",
-                    va="center", fontsize=FONT_SIZE + 2, fontweight="bold", color=hit_color)
+        ax.plot(ns, hits, "--s", color=hit_color, lw=3, ms=9, label="prefix hit rate (prompt tokens)", gid="hit_rate")
+        ax.annotate(
+            f"{hits[-1]:.0f}%",
+            (ns[-1], hits[-1]),
+            xytext=(10, -apart),
+            textcoords="offset points",
+            va="center",
+            fontsize=FONT_SIZE + 2,
+            fontweight="bold",
+            color=hit_color,
+        )
     if limit is not None:
-        ax.axhline(100 * limit, color="#555555", ls=":", lw=2.5, label=f"memory saved as N → ∞ ({limit:.0%})",
-                   gid="limit")
+        ax.axhline(
+            100 * limit, color="#555555", ls=":", lw=2.5, label=f"memory saved as N → ∞ ({limit:.0%})", gid="limit"
+        )
     ax.set_xlabel(xlabel, fontsize=FONT_SIZE + 2)
     ax.set_ylabel("percent", fontsize=FONT_SIZE + 2)
     ax.set_ylim(0, 105)
@@ -373,6 +509,7 @@ def draw_savings(
     ax.grid(True, color="#DDDDDD", lw=1)
     ax.set_axisbelow(True)
     ax.legend(loc="lower right", fontsize=FONT_SIZE, frameon=True, framealpha=0.95)
-    ax.set_title(title or "Sharing one prefix: the more requests, the more memory saved", loc="left",
-                 fontsize=FONT_SIZE + 3)
+    ax.set_title(
+        title or "Sharing one prefix: the more requests, the more memory saved", loc="left", fontsize=FONT_SIZE + 3
+    )
     return fig

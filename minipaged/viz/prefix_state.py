@@ -57,12 +57,14 @@ class PrefixState:
         names = _labels_for(keys, labels)
         if len(set(names)) != len(names):
             raise ValueError(f"labels must be distinct, got {names}")
-        tables = {n: [int(b) for b in getattr(block_tables[k], "block_ids", block_tables[k])]
-                  for n, k in zip(names, keys)}
+        tables = {
+            n: [int(b) for b in getattr(block_tables[k], "block_ids", block_tables[k])] for n, k in zip(names, keys)
+        }
         given = num_tokens or {}
         tokens = {n: int(given[k]) if given.get(k) is not None else -1 for n, k in zip(names, keys)}
-        return cls(tables, tokens, [int(r) for r in ref_cnt or []], [bool(c) for c in cached or []],
-                   dict(zip(names, keys)))
+        return cls(
+            tables, tokens, [int(r) for r in ref_cnt or []], [bool(c) for c in cached or []], dict(zip(names, keys))
+        )
 
     @classmethod
     def from_snapshot(cls, snapshot, labels: Labels = None) -> PrefixState:
@@ -127,9 +129,15 @@ def sharing_summary(state, block_size: int | None = None) -> dict:
     in_use = len(st.users)
     without = sum(len(t) for t in st.tables.values())
     shared = sorted(b for b, n in st.users.items() if n > 1)
-    out = dict(num_tables=len(st.tables), blocks_in_use=in_use, blocks_without_sharing=without,
-               blocks_saved=without - in_use, saved_fraction=(without - in_use) / without if without else 0.0,
-               shared_blocks=shared, max_ref_cnt=max(st.users.values(), default=0))
+    out = dict(
+        num_tables=len(st.tables),
+        blocks_in_use=in_use,
+        blocks_without_sharing=without,
+        blocks_saved=without - in_use,
+        saved_fraction=(without - in_use) / without if without else 0.0,
+        shared_blocks=shared,
+        max_ref_cnt=max(st.users.values(), default=0),
+    )
     if block_size is not None:
         out["tokens_shared"] = len(shared) * block_size
     return out

@@ -63,11 +63,29 @@ def describe_step(snapshot, names: Mapping[int, str] | None = None) -> str:
     return " | ".join(parts)
 
 
-def _box(ax, x: float, y: float, w: float, h: float, text: str, ink: Ink, edge: str = "black", lw: float = 1,
-         fontsize: int = 12) -> None:
+def _box(
+    ax,
+    x: float,
+    y: float,
+    w: float,
+    h: float,
+    text: str,
+    ink: Ink,
+    edge: str = "black",
+    lw: float = 1,
+    fontsize: int = 12,
+) -> None:
     ax.add_patch(Rectangle((x, y), w, h, facecolor=ink.color, hatch=ink.hatch, edgecolor=edge, lw=lw))
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, color=ink.text,
-            fontweight="bold" if ink.text == "white" else "normal")
+    ax.text(
+        x + w / 2,
+        y + h / 2,
+        text,
+        ha="center",
+        va="center",
+        fontsize=fontsize,
+        color=ink.text,
+        fontweight="bold" if ink.text == "white" else "normal",
+    )
 
 
 def _clean(ax) -> None:
@@ -86,8 +104,9 @@ def draw_step(
     work (prefill / decode and token counts), block tables (with ``block_size`` the last block
     shows how full it is) and the pool (blocks coloured by owner; free blocks grey).
     """
-    fig, axes = new_figure(12.6, 7.4, nrows=2, ncols=2,
-                           gridspec_kw=dict(height_ratios=[1, 1.5], width_ratios=[1.25, 1]))
+    fig, axes = new_figure(
+        12.6, 7.4, nrows=2, ncols=2, gridspec_kw=dict(height_ratios=[1, 1.5], width_ratios=[1.25, 1])
+    )
     (ax_q, ax_s), (ax_t, ax_p) = axes
     preempted = set(snapshot.preempted)
     scheduled = {d["seq_id"]: d for d in snapshot.scheduled}
@@ -103,8 +122,18 @@ def draw_step(
             ink = inks[seq_id] if label == "running" else Ink(STATE_COLORS["waiting"])
             text = _nm(seq_id, names) + (f"\n{d['kind'][0].upper()}{d['num_tokens']}" if d else "")
             red = seq_id in preempted
-            _box(ax_q, i * (w + 0.2), y, w, h, text, ink, edge=PREEMPT if red else "black", lw=3.5 if red else 1,
-                 fontsize=SMALL + 1)
+            _box(
+                ax_q,
+                i * (w + 0.2),
+                y,
+                w,
+                h,
+                text,
+                ink,
+                edge=PREEMPT if red else "black",
+                lw=3.5 if red else 1,
+                fontsize=SMALL + 1,
+            )
         if not ids:
             ax_q.text(0, y + h / 2, "(empty)", va="center", fontsize=12, color=MUTED)
     ax_q.set_xlim(-2.0, max(6, max(len(snapshot.waiting), len(snapshot.running))) * (w + 0.2))
@@ -113,16 +142,29 @@ def draw_step(
     ax_q.set_title("queues after the step", loc="left")
 
     # What ran.
-    lines = [(f"{_nm(d['seq_id'], names)}: {d['kind']} of {d['num_tokens']} token{'s' * (d['num_tokens'] != 1)}",
-              inks[d["seq_id"]].color) for d in snapshot.scheduled]
+    lines = [
+        (
+            f"{_nm(d['seq_id'], names)}: {d['kind']} of {d['num_tokens']} token{'s' * (d['num_tokens'] != 1)}",
+            inks[d["seq_id"]].color,
+        )
+        for d in snapshot.scheduled
+    ]
     lines += [(f"{_nm(s, names)}: preempted, blocks freed", PREEMPT) for s in snapshot.preempted]
     lines += [(f"R{r.request_id}: finished", "black") for r in snapshot.finished]
     total = sum(d["num_tokens"] for d in snapshot.scheduled)
     for i, (text, color) in enumerate(lines or [("nothing scheduled", MUTED)]):
         y = 1 - (i + 0.5) / max(len(lines), 6)
         ax_s.add_patch(Rectangle((0, y - 0.035), 0.03, 0.07, color=color, transform=ax_s.transAxes))
-        ax_s.text(0.05, y, text, va="center", fontsize=12, color=PREEMPT if color == PREEMPT else "black",
-                  fontweight="bold" if color == PREEMPT else "normal", transform=ax_s.transAxes)
+        ax_s.text(
+            0.05,
+            y,
+            text,
+            va="center",
+            fontsize=12,
+            color=PREEMPT if color == PREEMPT else "black",
+            fontweight="bold" if color == PREEMPT else "normal",
+            transform=ax_s.transAxes,
+        )
     _clean(ax_s)
     ax_s.set_title(f"scheduled: {len(snapshot.scheduled)} seqs, {total} tokens", loc="left")
 
@@ -140,10 +182,25 @@ def draw_step(
                 fill = max(0.0, min(1.0, (ntok - j * block_size) / block_size))
             ax_t.add_patch(Rectangle((j * bw, y), bw * 0.92, 0.8, facecolor="white", edgecolor="black", lw=1))
             if fill > 0:
-                ax_t.add_patch(Rectangle((j * bw, y), bw * 0.92 * fill, 0.8, facecolor=inks[seq_id].color,
-                                         hatch=inks[seq_id].hatch, edgecolor="none"))
-            ax_t.text(j * bw + 0.46, y + 0.4, str(block), ha="center", va="center", fontsize=SMALL + 1,
-                      color=inks[seq_id].text if fill > 0.5 else "black")
+                ax_t.add_patch(
+                    Rectangle(
+                        (j * bw, y),
+                        bw * 0.92 * fill,
+                        0.8,
+                        facecolor=inks[seq_id].color,
+                        hatch=inks[seq_id].hatch,
+                        edgecolor="none",
+                    )
+                )
+            ax_t.text(
+                j * bw + 0.46,
+                y + 0.4,
+                str(block),
+                ha="center",
+                va="center",
+                fontsize=SMALL + 1,
+                color=inks[seq_id].text if fill > 0.5 else "black",
+            )
     width = max([len(t) for t in snapshot.block_tables.values()] + [4])
     ax_t.set_xlim(-2.0, width * bw + 0.2)
     ax_t.set_ylim(-0.3, nrows)
@@ -165,8 +222,9 @@ def draw_step(
         x, y = b % cols, rows - 1 - b // cols
         shared = bool(snapshot.ref_cnt) and snapshot.ref_cnt[b] > 1
         if b in owner:
-            _box(ax_p, x, y, 0.9, 0.9, str(b), inks[owner[b]], edge="black", lw=2.5 if shared else 1,
-                 fontsize=SMALL + 1)
+            _box(
+                ax_p, x, y, 0.9, 0.9, str(b), inks[owner[b]], edge="black", lw=2.5 if shared else 1, fontsize=SMALL + 1
+            )
         else:
             _box(ax_p, x, y, 0.9, 0.9, str(b), Ink(FREE), edge=WASTE, fontsize=SMALL + 1)
     ax_p.set_xlim(-0.1, cols)
@@ -176,8 +234,10 @@ def draw_step(
     free = snapshot.num_free_blocks if snapshot.ref_cnt else num_blocks - len(owner)
     ax_p.set_title(f"pool: {num_blocks} blocks, {free} free", loc="left")
 
-    fig.suptitle(title or f"step {snapshot.step}" + (" - preemption!" if snapshot.preempted else ""),
-                 color=PREEMPT if snapshot.preempted else "black")
+    fig.suptitle(
+        title or f"step {snapshot.step}" + (" - preemption!" if snapshot.preempted else ""),
+        color=PREEMPT if snapshot.preempted else "black",
+    )
     return fig
 
 
@@ -231,18 +291,41 @@ def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, t
                 runs.append([state, step, step])
         for state, first, last in runs:
             hatched = state == "preempted"
-            ax.add_patch(Rectangle((first - 0.5, y - 0.35), last - first + 1, 0.7, facecolor=STATE_COLORS[state],
-                                   edgecolor="black" if hatched else "none", hatch="xx" if hatched else None, lw=0.8))
+            ax.add_patch(
+                Rectangle(
+                    (first - 0.5, y - 0.35),
+                    last - first + 1,
+                    0.7,
+                    facecolor=STATE_COLORS[state],
+                    edgecolor="black" if hatched else "none",
+                    hatch="xx" if hatched else None,
+                    lw=0.8,
+                )
+            )
     ys = {seq_id: len(order) - 1 - row for row, seq_id in enumerate(order)}
-    ax.plot([finished[s] + 0.5 for s in finished], [ys[s] for s in finished], "D", color="black", markersize=7,
-            linestyle="none")
+    ax.plot(
+        [finished[s] + 0.5 for s in finished],
+        [ys[s] for s in finished],
+        "D",
+        color="black",
+        markersize=7,
+        linestyle="none",
+    )
     ax.set_yticks(range(len(order)), [_nm(s, names) for s in reversed(order)])
     ax.set_xlim(min(steps, default=0) - 0.6, max(steps, default=0) + 1)
     ax.set_ylim(-0.6, len(order) - 0.4)
     ax.set_xlabel("engine step")
     used = {st for per in states.values() for st in per.values()}
-    handles = [Patch(facecolor=STATE_COLORS[k], label=k, hatch="xx" if k == "preempted" else None,
-                     edgecolor="black" if k == "preempted" else "none") for k in STATE_COLORS if k in used]
+    handles = [
+        Patch(
+            facecolor=STATE_COLORS[k],
+            label=k,
+            hatch="xx" if k == "preempted" else None,
+            edgecolor="black" if k == "preempted" else "none",
+        )
+        for k in STATE_COLORS
+        if k in used
+    ]
     handles.append(Line2D([], [], marker="D", color="black", linestyle="none", label="finished"))
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), frameon=False)
     ax.set_title(title or "requests over engine steps", loc="left")
@@ -288,8 +371,13 @@ def draw_kv_usage(
     allocated"``, ``"paged: slots holding a token"``, ...), the capacity line, and a dotted
     vertical line at each run's last step.
     """
-    fig, axes = new_figure(12.4 if running else 11, 5.2, ncols=2 if running else 1, squeeze=False,
-                           gridspec_kw=dict(width_ratios=[1.6, 1]) if running else None)
+    fig, axes = new_figure(
+        12.4 if running else 11,
+        5.2,
+        ncols=2 if running else 1,
+        squeeze=False,
+        gridspec_kw=dict(width_ratios=[1.6, 1]) if running else None,
+    )
     ax = axes[0, 0]
     runs = (("paged", paged_series), ("contiguous", contiguous_series))
     for label, series in runs:
@@ -320,6 +408,5 @@ def draw_kv_usage(
         ax_r.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
         ax_r.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole sequences: no "17.5"
         ax_r.set_title("running sequences", loc="left")
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, frameon=False,
-               fontsize=SMALL + 2)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, frameon=False, fontsize=SMALL + 2)
     return fig

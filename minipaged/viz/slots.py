@@ -74,12 +74,20 @@ def draw_slot_mapping(
         else:
             face, alpha = "white", 1.0
         ax.add_patch(Rectangle((x + 0.05, y_slot), 0.9, h, facecolor=face, alpha=alpha, edgecolor="#555555", lw=1))
-        ax.text(x + 0.5, y_slot + h / 2, str(s), ha="center", va="center", fontsize=SMALL + 1,
-                color=text_color(face) if s in writer else "black")
+        ax.text(
+            x + 0.5,
+            y_slot + h / 2,
+            str(s),
+            ha="center",
+            va="center",
+            fontsize=SMALL + 1,
+            color=text_color(face) if s in writer else "black",
+        )
     for b in range(num_blocks):
         x0 = _slot_x(b * block_size, block_size)
-        ax.add_patch(Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False,
-                               edgecolor="black", lw=1.8))
+        ax.add_patch(
+            Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False, edgecolor="black", lw=1.8)
+        )
         ax.text(x0 + block_size / 2, y_slot - 0.3, f"block {b}", ha="center", va="top", fontsize=SMALL + 2)
 
     # Top row: the batch's tokens, packed in order, one gap between sequences.
@@ -107,14 +115,37 @@ def draw_slot_mapping(
         color = owner_color(seq)
         ax.add_patch(Rectangle((tx, y_tok), tw, h, facecolor=color, edgecolor="black", lw=1))
         label = _name(seq, seq_names) + ("" if token_pos is None else str(token_pos[i]))
-        ax.text(tx + tw / 2, y_tok + h / 2, label, ha="center", va="center",
-                fontsize=SMALL + 1 if scale > 0.7 else SMALL, color=text_color(color))
-        ax.add_patch(FancyArrowPatch((tx + tw / 2, y_tok - 0.02), (_slot_x(s, block_size) + 0.5, y_slot + h + 0.1),
-                                     arrowstyle="-|>", mutation_scale=12, color=color, lw=1.4, alpha=0.85))
+        ax.text(
+            tx + tw / 2,
+            y_tok + h / 2,
+            label,
+            ha="center",
+            va="center",
+            fontsize=SMALL + 1 if scale > 0.7 else SMALL,
+            color=text_color(color),
+        )
+        ax.add_patch(
+            FancyArrowPatch(
+                (tx + tw / 2, y_tok - 0.02),
+                (_slot_x(s, block_size) + 0.5, y_slot + h + 0.1),
+                arrowstyle="-|>",
+                mutation_scale=12,
+                color=color,
+                lw=1.4,
+                alpha=0.85,
+            )
+        )
 
     for lo, hi in pad_runs:  # one label per run of padding, not one per token
-        ax.text((lo + hi) / 2, y_tok + h + 0.1, "slot -1: skipped", ha="center", va="bottom", fontsize=SMALL + 1,
-                color=MUTED)
+        ax.text(
+            (lo + hi) / 2,
+            y_tok + h + 0.1,
+            "slot -1: skipped",
+            ha="center",
+            va="bottom",
+            fontsize=SMALL + 1,
+            color=MUTED,
+        )
     ax.text(-0.4, y_tok + h / 2, "new\ntokens", ha="right", va="center", fontsize=12)
     ax.text(-0.4, y_slot + h / 2, "pool\nslots", ha="right", va="center", fontsize=12)
     seqs = sorted({token_seq[i] for i, s in enumerate(slots) if s >= 0} | set(filled.values()))
@@ -146,8 +177,9 @@ def draw_pool_fill(
     if not frames:
         raise ValueError("draw_pool_fill needs at least one frame")
     n = len(frames)
-    fig, axes = new_figure(max(6.0, n * (0.38 * block_size + 1.0)) + 0.5, 0.38 * num_blocks + 2.2, ncols=n,
-                           squeeze=False)
+    fig, axes = new_figure(
+        max(6.0, n * (0.38 * block_size + 1.0)) + 0.5, 0.38 * num_blocks + 2.2, ncols=n, squeeze=False
+    )
     axes = axes[0]
     prev: dict[int, int] = {}
     seqs: set[int] = set()
@@ -167,15 +199,17 @@ def draw_pool_fill(
                     seq = owner[s][0]
                     ax.add_patch(Rectangle((o, y), 1, 1, facecolor=owner_color(seq), edgecolor="white", lw=1))
                     if prev.get(s) != seq:  # written since the previous frame: outline on top
-                        ax.add_patch(Rectangle((o + 0.08, y + 0.08), 0.84, 0.84, fill=False, edgecolor="black",
-                                               lw=2.5, zorder=3))
+                        ax.add_patch(
+                            Rectangle((o + 0.08, y + 0.08), 0.84, 0.84, fill=False, edgecolor="black", lw=2.5, zorder=3)
+                        )
                 else:
                     ax.add_patch(Rectangle((o, y), 1, 1, facecolor=FREE, edgecolor="white", lw=1))
         ax.set_xlim(0, block_size)
         ax.set_ylim(0, num_blocks)
         ax.set_aspect("equal")
-        ax.set_yticks([num_blocks - 1 - b + 0.5 for b in range(num_blocks)], [str(b) for b in range(num_blocks)],
-                      fontsize=12)
+        ax.set_yticks(
+            [num_blocks - 1 - b + 0.5 for b in range(num_blocks)], [str(b) for b in range(num_blocks)], fontsize=12
+        )
         ax.set_xticks([])
         ax.tick_params(length=0)
         for side in ("left", "bottom"):

@@ -25,10 +25,18 @@ MAX_WIDTH, MAX_HEIGHT = 12.6, 7.8  # inches: within 1280 x 800 px at 100 dpi, ma
 WIDGET_DPI = 100
 
 # Big type for projectors; applied when minipaged.viz is imported.
-STYLE = {"font.size": FONT_SIZE, "axes.titlesize": FONT_SIZE + 2, "axes.labelsize": FONT_SIZE,
-         "legend.fontsize": FONT_SIZE - 2, "xtick.labelsize": FONT_SIZE - 2, "ytick.labelsize": FONT_SIZE - 2,
-         "axes.spines.top": False, "axes.spines.right": False,
-         "axes.prop_cycle": mpl.cycler(color=PALETTE), "svg.fonttype": "none"}
+STYLE = {
+    "font.size": FONT_SIZE,
+    "axes.titlesize": FONT_SIZE + 2,
+    "axes.labelsize": FONT_SIZE,
+    "legend.fontsize": FONT_SIZE - 2,
+    "xtick.labelsize": FONT_SIZE - 2,
+    "ytick.labelsize": FONT_SIZE - 2,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.prop_cycle": mpl.cycler(color=PALETTE),
+    "svg.fonttype": "none",
+}
 mpl.rcParams.update(STYLE)
 
 

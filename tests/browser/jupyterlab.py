@@ -65,14 +65,24 @@ class JupyterLab:
             path = self.home / "settings" / f"{plugin}.jupyterlab-settings"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
-        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-               f"--port={self.port}", f"--IdentityProvider.token={self.token}",
-               f"--ServerApp.root_dir={self.root}",
-               f"--LabApp.user_settings_dir={self.home / 'settings'}",
-               f"--LabApp.workspaces_dir={self.home / 'workspaces'}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--allow-root",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            f"--LabApp.user_settings_dir={self.home / 'settings'}",
+            f"--LabApp.workspaces_dir={self.home / 'workspaces'}",
+        ]
         self.log = (self.home / "jupyterlab.log").open("w")
-        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -28,8 +28,14 @@ STUB_BODY = ast.parse("raise NotImplementedError").body
 def exercise_names(stem: str) -> set[str]:
     """The exercises a stage's checks are marked with."""
     source = (harness.TESTS / f"test_{stem}.py").read_text()
-    return {node.args[0].value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
-            and getattr(node.func, "attr", "") == "exercise" and node.args and isinstance(node.args[0], ast.Constant)}
+    return {
+        node.args[0].value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", "") == "exercise"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    }
 
 
 def pristine_stub(stem: str, folder) -> object:
@@ -39,8 +45,11 @@ def pristine_stub(stem: str, folder) -> object:
     names = exercise_names(stem)
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
-            functions = [node] if isinstance(node, ast.FunctionDef) else [
-                f for f in node.body if isinstance(f, ast.FunctionDef)]
+            functions = (
+                [node]
+                if isinstance(node, ast.FunctionDef)
+                else [f for f in node.body if isinstance(f, ast.FunctionDef)]
+            )
             for f in functions:
                 f.body = f.body[:1] * (ast.get_docstring(f) is not None) + STUB_BODY
     out = folder / f"{stem}.py"
@@ -93,8 +102,9 @@ def test_table_of_all_stages(stub_reports):
 
 
 @triton.jit
-def _store_without_the_padding_check(key, value, k_cache, v_cache, slot_mapping, key_stride, value_stride, D,
-                                     D_PAD: tl.constexpr):
+def _store_without_the_padding_check(
+    key, value, k_cache, v_cache, slot_mapping, key_stride, value_stride, D, D_PAD: tl.constexpr
+):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping + t)  # slot -1 is written too: one row before the cache
     cols = tl.arange(0, D_PAD)
@@ -110,25 +120,46 @@ def _preempts_nobody(waiting, running, free_blocks, block_size, max_num_seqs, ma
 
 # stage -> (exercise, a typical mistake, what the first failing check must say)
 MISTAKES = {
-    0: ("kv_bytes_per_token", lambda config, dtype: 2 * config.num_hidden_layers * config.num_attention_heads
-        * config.head_dim * torch.empty((), dtype=dtype).element_size(), ["embedded model in fp32", "4096 == 1024"]),
+    0: (
+        "kv_bytes_per_token",
+        lambda config, dtype: (
+            2
+            * config.num_hidden_layers
+            * config.num_attention_heads
+            * config.head_dim
+            * torch.empty((), dtype=dtype).element_size()
+        ),
+        ["embedded model in fp32", "4096 == 1024"],
+    ),
     1: ("fork", lambda pool, block_ids: list(block_ids), ["one more reference to each block"]),
-    2: ("physical", lambda block_ids, block_size, pos: (pos // block_size, pos % block_size),  # logical, not physical
-        ["position 0: want (7, 0), got (0, 0)"]),
-    3: ("decode_slot_mapping", lambda tables, lens, block_size: harness.solution("stage3_slot_mapping")
-        .decode_slot_mapping(tables, [n + 1 for n in lens], block_size), ["want [55, 147], got [56, 148]"]),
+    2: (
+        "physical",
+        lambda block_ids, block_size, pos: (pos // block_size, pos % block_size),  # logical, not physical
+        ["position 0: want (7, 0), got (0, 0)"],
+    ),
+    3: (
+        "decode_slot_mapping",
+        lambda tables, lens, block_size: harness.solution("stage3_slot_mapping").decode_slot_mapping(
+            tables, [n + 1 for n in lens], block_size
+        ),
+        ["want [55, 147], got [56, 148]"],
+    ),
     4: ("store_kvcache_kernel", _store_without_the_padding_check, ["wrote outside k_cache", "slot -1"]),
     5: ("schedule", _preempts_nobody, ["want A:10\n", "got  A:10 B:20"]),
-    6: ("evict_order", lambda free_queue, finished: free_queue + [b for t in finished for b in t],
-        ["[5, 0, 1, 2, 3, 4] == [5, 2, 1, 0, 4, 3]"]),
+    6: (
+        "evict_order",
+        lambda free_queue, finished: free_queue + [b for t in finished for b in t],
+        ["[5, 0, 1, 2, 3, 4] == [5, 2, 1, 0, 4, 3]"],
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def mistake_reports():
     """Each stage's solution with one typical mistake, only that exercise's checks, in one session."""
-    modules = {stage: fresh_solution(harness.STAGES[stage][0], **{name: wrong}) for stage, (name, wrong, _) in
-               MISTAKES.items()}
+    modules = {
+        stage: fresh_solution(harness.STAGES[stage][0], **{name: wrong}) for stage, (name, wrong, _) in MISTAKES.items()
+    }
     return {r.stage: r for r in harness.check(modules, only={name for name, _, _ in MISTAKES.values()})}
 
 
@@ -155,13 +186,15 @@ def test_mixed_stage(stubs):
         return cache[block_table]  # indexes blocks, not slots: the wrong shape
 
     solution = harness.solution("stage3_slot_mapping")
-    module = variant(stubs[3].__file__, decode_slot_mapping=solution.decode_slot_mapping,
-                     gather_sequence_kv=gather_sequence_kv)
+    module = variant(
+        stubs[3].__file__, decode_slot_mapping=solution.decode_slot_mapping, gather_sequence_kv=gather_sequence_kv
+    )
     (report,) = harness.check({3: module})
     status = {e.name: e.status for e in report.exercises}
     assert status == {"decode_slot_mapping": "pass", "prefill_slot_mapping": "todo", "gather_sequence_kv": "fail"}
-    assert verdict(report) == ("stage 3: 1 of 3 exercises pass; failing: gather_sequence_kv; "
-                                       "not written yet: prefill_slot_mapping")
+    assert verdict(report) == (
+        "stage 3: 1 of 3 exercises pass; failing: gather_sequence_kv; not written yet: prefill_slot_mapping"
+    )
     assert "shape: want (" in report.exercise("gather_sequence_kv").failing()[0].message
 
 
@@ -211,7 +244,12 @@ def test_right_answers_pass(capsys):
 
 def test_the_command_in_a_fresh_process(stubs):
     """What a learner types, in a new interpreter (imports, exit status, the last line)."""
-    done = subprocess.run([sys.executable, "-m", "exercises", "stage1", "--file", stubs[1].__file__],
-                          cwd=harness.ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "exercises", "stage1", "--file", stubs[1].__file__],
+        cwd=harness.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     assert done.stdout.rstrip().endswith("stage 1: not written yet"), done.stdout + done.stderr

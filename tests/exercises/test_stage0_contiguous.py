@@ -8,8 +8,8 @@ from collections import deque
 import pytest
 import torch
 
-from minipaged.config import ModelConfig
 from minipaged.kv.contiguous import ArenaFullError, ContiguousKVCache, FirstFitArena
+from minipaged.model.config import ModelConfig
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
 from minipaged.sim import synthetic_trace
 
@@ -17,9 +17,16 @@ STAGE = "stage0_contiguous"
 
 
 def config(layers: int, heads: int, kv_heads: int, head_dim: int) -> ModelConfig:
-    return ModelConfig(model_type="llama", vocab_size=100, hidden_size=heads * head_dim, intermediate_size=64,
-                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                       head_dim=head_dim)
+    return ModelConfig(
+        model_type="llama",
+        vocab_size=100,
+        hidden_size=heads * head_dim,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+    )
 
 
 # (name, config): the embedded model, OPT-13B (no GQA), a Llama-3-8B-like GQA model, MQA
@@ -46,8 +53,9 @@ def test_kv_bytes_per_token_known_values(ex):
 @pytest.mark.parametrize("name,cfg", CONFIGS, ids=[n for n, _ in CONFIGS])
 def test_kv_bytes_per_token_matches_cache(ex, name, cfg, dtype):
     slots = 3
-    cache = ContiguousKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_seq_len=slots,
-                              num_slots=slots, dtype=dtype)
+    cache = ContiguousKVCache(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_seq_len=slots, num_slots=slots, dtype=dtype
+    )
     want = cache.nbytes() // slots
     got = ex.kv_bytes_per_token(cfg, dtype)
     assert isinstance(got, int), f"return an int, got {type(got).__name__}"

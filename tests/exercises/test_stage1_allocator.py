@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exercises.stage1_allocator import TinyPool
-from minipaged.kv.allocator import BlockPool
+from minipaged.kv.block_pool import BlockPool
 
 STAGE = "stage1_allocator"
 

@@ -61,8 +61,9 @@ def test_gather_matches_gather_kv(ex, block_size):
             assert got.shape == want.shape, f"shape: want {tuple(want.shape)}, got {tuple(got.shape)}"
             assert got.dtype == cache.dtype
             mismatch = (got != want).any(dim=(1, 2)).nonzero().flatten().tolist()
-            assert not mismatch, (f"block size {block_size}, table {ids}, {num_tokens} tokens: "
-                                  f"rows {mismatch[:5]} differ from gather_kv")
+            assert not mismatch, (
+                f"block size {block_size}, table {ids}, {num_tokens} tokens: rows {mismatch[:5]} differ from gather_kv"
+            )
 
 
 @pytest.mark.exercise("gather")

@@ -48,19 +48,28 @@ def test_decode_slot_mapping_matches_package(ex, block_size):
     for seed in range(4):
         tables, lens, _ = random_batch(6, block_size, seed)
         want = build_slot_mapping(tables, [n - 1 for n in lens], lens, block_size)  # one new token each
-        _assert_slots(ex.decode_slot_mapping(tables, lens, block_size), want,
-                      f"lists, block size {block_size}, tables {tables}, context_lens {lens}")
+        _assert_slots(
+            ex.decode_slot_mapping(tables, lens, block_size),
+            want,
+            f"lists, block size {block_size}, tables {tables}, context_lens {lens}",
+        )
         engine_form = (padded_block_tables(tables), torch.tensor(lens, dtype=torch.int32))
-        _assert_slots(ex.decode_slot_mapping(*engine_form, block_size), want,
-                      f"int32 tensors (padded_block_tables), block size {block_size}")
+        _assert_slots(
+            ex.decode_slot_mapping(*engine_form, block_size),
+            want,
+            f"int32 tensors (padded_block_tables), block size {block_size}",
+        )
 
 
 @pytest.mark.exercise("prefill_slot_mapping")
 def test_prefill_slot_mapping_example(ex):
     got = ex.prefill_slot_mapping([[2], [0, 5]], [3, 6], 4, pad_to=10)
     _assert_slots(got, torch.tensor([8, 9, 10, 0, 1, 2, 3, 20, 21, -1]), "tables [[2], [0, 5]], prompt_lens [3, 6]")
-    _assert_slots(ex.prefill_slot_mapping([[2], [0, 5]], [3, 6], 4, pad_to=9), torch.tensor([8, 9, 10, 0, 1, 2, 3,
-                                                                                              20, 21]), "no padding")
+    _assert_slots(
+        ex.prefill_slot_mapping([[2], [0, 5]], [3, 6], 4, pad_to=9),
+        torch.tensor([8, 9, 10, 0, 1, 2, 3, 20, 21]),
+        "no padding",
+    )
     with pytest.raises(ValueError):
         ex.prefill_slot_mapping([[2], [0, 5]], [3, 6], 4, pad_to=8)
 
@@ -73,8 +82,11 @@ def test_prefill_slot_mapping_matches_package(ex, block_size):
         pad_to = sum(lens) + seed * 3
         want = build_slot_mapping(tables, [0] * len(lens), lens, block_size)
         want = torch.cat([want, torch.full((pad_to - sum(lens),), -1, dtype=torch.int64)])
-        _assert_slots(ex.prefill_slot_mapping(tables, lens, block_size, pad_to), want,
-                      f"block size {block_size}, tables {tables}, prompt_lens {lens}, pad_to {pad_to}")
+        _assert_slots(
+            ex.prefill_slot_mapping(tables, lens, block_size, pad_to),
+            want,
+            f"block size {block_size}, tables {tables}, prompt_lens {lens}, pad_to {pad_to}",
+        )
 
 
 @pytest.mark.exercise("prefill_slot_mapping")
@@ -116,7 +128,7 @@ def test_gather_sequence_kv_matches_gather_kv(ex, block_size):
 @pytest.mark.exercise("gather_sequence_kv")
 def test_gather_sequence_kv_reads_what_the_engine_wrote(ex):
     """Grow block tables as the engine does, write by slot, read back with your gather."""
-    from minipaged.kv.allocator import BlockPool
+    from minipaged.kv.block_pool import BlockPool
 
     block_size, pool = 4, BlockPool(16)
     shuffled = pool.allocate(16)

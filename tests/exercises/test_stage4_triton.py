@@ -10,7 +10,7 @@ import torch
 
 from exercises.stage4_triton import store_kvcache as launch_store  # the given launcher: one program per token
 from minipaged.attention.reference import causal_attention, store_kvcache
-from minipaged.attention.tiled import online_softmax_trace, program_reads
+from minipaged.kernels.tiled import online_softmax_trace, program_reads
 from minipaged.utils import cdiv
 
 STAGE = "stage4_triton"
@@ -34,14 +34,17 @@ def store_and_compare(ex, key, value, slots, bufs, what: str) -> None:
         for guard, side in ((0, "before its first"), (-1, "after its last")):
             assert torch.equal(got[guard], ref[guard]), (
                 f"{what}: your kernel wrote outside {name}, {side} slot: slot -1 must write nothing, "
-                f"and the lanes D .. D_PAD - 1 must be masked")
+                f"and the lanes D .. D_PAD - 1 must be masked"
+            )
         flat_got, flat_ref = got[1:-1].flatten(0, 1), ref[1:-1].flatten(0, 1)  # [num_slots, heads, dim]
         wrong = (flat_got != flat_ref).flatten(1).any(dim=1).nonzero().flatten().tolist()
         if wrong:
             writers = [t for t, slot in enumerate(slots.tolist()) if slot == wrong[0]]
             detail = f"token {writers[0]} goes there" if writers else "no token goes there: keep its old contents"
-            raise AssertionError(f"{what}, slot_mapping {slots.tolist()}: {name} differs from store_kvcache in "
-                                 f"slots {wrong[:8]}; slot {wrong[0]}: {detail}")
+            raise AssertionError(
+                f"{what}, slot_mapping {slots.tolist()}: {name} differs from store_kvcache in "
+                f"slots {wrong[:8]}; slot {wrong[0]}: {detail}"
+            )
 
 
 @pytest.mark.exercise("store_kvcache_kernel")
@@ -64,8 +67,9 @@ STORE_CASES = [  # (block size, KV heads, head dim, dtype)
 
 
 @pytest.mark.exercise("store_kvcache_kernel")
-@pytest.mark.parametrize("block_size,heads,dim,dtype", STORE_CASES, ids=[f"bs{c[0]}-D{c[1] * c[2]}-{str(c[3])[6:]}"
-                                                                        for c in STORE_CASES])
+@pytest.mark.parametrize(
+    "block_size,heads,dim,dtype", STORE_CASES, ids=[f"bs{c[0]}-D{c[1] * c[2]}-{str(c[3])[6:]}" for c in STORE_CASES]
+)
 def test_store_kvcache_kernel_matches_reference(ex, block_size, heads, dim, dtype):
     rng = random.Random(block_size * heads)
     num_blocks = 6
@@ -100,8 +104,9 @@ def test_store_kvcache_kernel_padding_writes_nothing(ex):
     bufs, _ = guarded_caches(2, 4, 1, 3, torch.float32, seed=5)
     before = [b.clone() for b in bufs]
     key = torch.ones(5, 1, 3, device=DEVICE)
-    launch_store(key, key, bufs[0][1:-1], bufs[1][1:-1], torch.full((5,), -1, device=DEVICE),
-                 kernel=ex.store_kvcache_kernel)
+    launch_store(
+        key, key, bufs[0][1:-1], bufs[1][1:-1], torch.full((5,), -1, device=DEVICE), kernel=ex.store_kvcache_kernel
+    )
     assert all(torch.equal(b, a) for a, b in zip(before, bufs)), "5 padding tokens (slot -1) must write nothing"
     store_and_compare(ex, key, key, torch.tensor([7, -1, 0, -1, 4], device=DEVICE), bufs, "the first and last slots")
 
@@ -136,8 +141,13 @@ def test_online_softmax_equals_softmax(ex, block_n):
     m, l, acc = run_tiles(ex, scores, v, block_n)[-1]  # noqa: E741
     want = torch.softmax(scores, dim=-1) @ v
     assert not torch.isnan(acc).any() and not torch.isnan(l).any(), "NaN in the state"
-    torch.testing.assert_close(acc / l[:, None], want, rtol=1e-5, atol=1e-5,
-                               msg=lambda msg: f"tiles of {block_n}: acc / l != softmax(scores) @ v\n{msg}")
+    torch.testing.assert_close(
+        acc / l[:, None],
+        want,
+        rtol=1e-5,
+        atol=1e-5,
+        msg=lambda msg: f"tiles of {block_n}: acc / l != softmax(scores) @ v\n{msg}",
+    )
 
 
 @pytest.mark.exercise("online_softmax_update")
@@ -156,7 +166,7 @@ def test_online_softmax_state_after_each_tile(ex):
 
 @pytest.mark.exercise("online_softmax_update")
 def test_online_softmax_matches_viz_trace(ex):
-    """Against minipaged.attention.tiled.online_softmax_trace (float64), one row."""
+    """Against minipaged.kernels.tiled.online_softmax_trace (float64), one row."""
     row = [0.5, 2.0, -1.0, 4.0, 3.5, -2.0, 6.0, 0.0, 1.0]
     trace = online_softmax_trace(row, block_n=3)
     states = run_tiles(ex, torch.tensor([row]), torch.ones(len(row), 1), 3)
@@ -214,8 +224,10 @@ def test_tile_kv_end_by_definition(ex):
                 for q_tile in range(cdiv(q_len, block_q)):
                     want = kv_end_by_definition(context_len, q_len, q_tile, block_q)
                     got = ex.tile_kv_end(context_len, q_len, q_tile, block_q)
-                    assert got == want, (f"context_len {context_len}, q_len {q_len}, tile {q_tile} of {block_q}: "
-                                         f"its last query sees key {want - 1}, so kv_end = {want}; got {got}")
+                    assert got == want, (
+                        f"context_len {context_len}, q_len {q_len}, tile {q_tile} of {block_q}: "
+                        f"its last query sees key {want - 1}, so kv_end = {want}; got {got}"
+                    )
 
 
 @pytest.mark.exercise("tile_kv_end")
@@ -231,13 +243,13 @@ def test_tile_kv_end_keys_past_it_do_not_matter(ex):
         rows = slice(t * block_q, (t + 1) * block_q)
         # the tile's queries against keys 0 .. end - 1 only: same positions, so shift q_len accordingly
         visible_q = q_len - (context_len - end)
-        cut = causal_attention(q[: visible_q], k[:end], v[:end])[rows]
+        cut = causal_attention(q[:visible_q], k[:end], v[:end])[rows]
         note = f"tile {t}: attention over keys 0..{end - 1} only differs"
         torch.testing.assert_close(cut, full[rows], msg=lambda msg, note=note: f"{note}\n{msg}")
 
 
 def loop_steps_by_walk(q_lens, context_lens, num_kv_heads, block_q, block_n) -> int:
-    """Count with minipaged.attention.tiled.program_reads, one program at a time."""
+    """Count with minipaged.kernels.tiled.program_reads, one program at a time."""
     num_tiles = cdiv(max(q_lens), block_q)
     steps = 0
     for q_len, context_len in zip(q_lens, context_lens):
@@ -270,6 +282,8 @@ def test_count_loop_steps_against_the_walk(ex):
         for block_q, block_n in ((1, 16), (16, 32), (64, 64), (128, 256)):
             want = loop_steps_by_walk(q_lens, context_lens, heads, block_q, block_n)
             got = ex.count_loop_steps(q_lens, context_lens, heads, block_q, block_n)
-            assert got == want, (f"q_lens {q_lens}, context_lens {context_lens}, {heads} KV heads, "
-                                 f"block_q {block_q}, block_n {block_n}: want {want}, got {got}")
+            assert got == want, (
+                f"q_lens {q_lens}, context_lens {context_lens}, {heads} KV heads, "
+                f"block_q {block_q}, block_n {block_n}: want {want}, got {got}"
+            )
     assert math.isclose(ex.count_loop_steps([1], [1], 1, 1, 16), 1)

@@ -38,8 +38,10 @@ def test_blocks_to_grow_matches_block_table(ex, block_size):
         for new in range(0, 2 * block_size + 2):
             want = table.new_blocks_needed(new)
             got = ex.blocks_to_grow(computed, new, held, block_size)
-            assert got == want, (f"{computed} tokens in {held} blocks of {block_size}, {new} new: "
-                                 f"BlockTable.new_blocks_needed says {want}, got {got}")
+            assert got == want, (
+                f"{computed} tokens in {held} blocks of {block_size}, {new} new: "
+                f"BlockTable.new_blocks_needed says {want}, got {got}"
+            )
 
 
 def show(step: Step) -> str:
@@ -166,8 +168,9 @@ class Workload:
         for number, line in enumerate(want, start=1):
             before = state(self.waiting, self.running, self.free)
             step = schedule(self.waiting, self.running, self.free, block_size, max_num_seqs, budget)
-            assert show(step) == line, (f"step {number}, {before}:\n  the package's scheduler: {line}\n"
-                                        f"  yours:                    {show(step)}")
+            assert show(step) == line, (
+                f"step {number}, {before}:\n  the package's scheduler: {line}\n  yours:                    {show(step)}"
+            )
             self.apply(step, f"step {number}")
         left = state(self.waiting, self.running, self.free)
         assert not (self.waiting or self.running), f"after {len(want)} steps everything should be done: {left}"
@@ -259,6 +262,7 @@ def test_schedule_matches_reference_on_random_states(ex, reference):
         waiting, running, free = random_state(rng, block_size)
         max_num_seqs = rng.randint(max(1, len(running)), 8)
         budget = rng.choice([1, 3, 8, 16, 30, 64, 2048])
-        want = show(reference.schedule(copy.deepcopy(waiting), copy.deepcopy(running), free, block_size,
-                                       max_num_seqs, budget))
+        want = show(
+            reference.schedule(copy.deepcopy(waiting), copy.deepcopy(running), free, block_size, max_num_seqs, budget)
+        )
         check_step(ex, want, waiting, running, free, block_size, max_num_seqs, budget)

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from minipaged.kv.allocator import BlockPool
+from minipaged.kv.block_pool import BlockPool
 from minipaged.kv.prefix_cache import ROOT_HASH, chain_hashes, hash_block
 
 STAGE = "stage6_prefix_cache"
@@ -25,8 +25,10 @@ def test_chain_block_hashes_matches_package(ex):
             tokens = [rng.randrange(260) for _ in range(n)]
             want = chain_hashes(tokens, block_size)
             got = ex.chain_block_hashes(tokens, block_size)
-            assert list(got) == want, (f"block size {block_size}, {n} tokens: {len(want)} full blocks, hashes "
-                                       f"{[f'{h:x}' for h in want[:3]]}..., got {[f'{h:x}' for h in got[:3]]}...")
+            assert list(got) == want, (
+                f"block size {block_size}, {n} tokens: {len(want)} full blocks, hashes "
+                f"{[f'{h:x}' for h in want[:3]]}..., got {[f'{h:x}' for h in got[:3]]}..."
+            )
 
 
 @pytest.mark.exercise("chain_block_hashes")
@@ -181,12 +183,18 @@ def test_copy_on_write_example(ex):
 @pytest.mark.exercise("copy_on_write")
 def test_copy_on_write_cases(ex):
     cases = {  # what: (tables, ref_cnt, free_queue, idx), want
-        "nothing shared: everyone writes in place": (([[1, 2], [3, 4]], {1: 1, 2: 1, 3: 1, 4: 1}, [5, 6], 1),
-                                                     [[1, 2], [3, 4]]),
-        "a block held by someone else too: both copy": (([[1, 2], [3, 2]], {1: 1, 2: 3, 3: 1}, [7, 8, 9], 1),
-                                                        [[1, 7], [3, 8]]),
+        "nothing shared: everyone writes in place": (
+            ([[1, 2], [3, 4]], {1: 1, 2: 1, 3: 1, 4: 1}, [5, 6], 1),
+            [[1, 2], [3, 4]],
+        ),
+        "a block held by someone else too: both copy": (
+            ([[1, 2], [3, 2]], {1: 1, 2: 3, 3: 1}, [7, 8, 9], 1),
+            [[1, 7], [3, 8]],
+        ),
         "two shared groups: the last user of each writes in place": (
-            ([[1, 2], [1, 2], [1, 3], [1, 3]], {1: 4, 2: 2, 3: 2}, [6, 5, 4], 1), [[1, 6], [1, 2], [1, 5], [1, 3]]),
+            ([[1, 2], [1, 2], [1, 3], [1, 3]], {1: 4, 2: 2, 3: 2}, [6, 5, 4], 1),
+            [[1, 6], [1, 2], [1, 5], [1, 3]],
+        ),
         "idx 0": (([[4], [4], [2]], {4: 2, 2: 1}, [0, 1], 0), [[0], [4], [2]]),
     }
     for what, (args, want) in cases.items():
@@ -213,5 +221,6 @@ def test_copy_on_write_matches_block_pool(ex):
         free_queue = [ids.pop() for _ in range(len(tables))]
         want = pool_cow(copy.deepcopy(tables), dict(ref_cnt), list(free_queue), idx)
         got = ex.copy_on_write(copy.deepcopy(tables), dict(ref_cnt), list(free_queue), idx)
-        assert [list(t) for t in got] == want, (f"tables {tables}, ref_cnt {ref_cnt}, free_queue {free_queue}, "
-                                                f"idx {idx}: BlockPool gives {want}, got {got}")
+        assert [list(t) for t in got] == want, (
+            f"tables {tables}, ref_cnt {ref_cnt}, free_queue {free_queue}, idx {idx}: BlockPool gives {want}, got {got}"
+        )

@@ -27,7 +27,11 @@ def store_kvcache_kernel(key, value, k_cache, v_cache, slot_mapping, key_stride,
 
 
 def online_softmax_update(
-    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, v: torch.Tensor  # noqa: E741
+    m: torch.Tensor,
+    l: torch.Tensor,  # noqa: E741  (the running sum's name in the flash-attention papers)
+    acc: torch.Tensor,
+    scores: torch.Tensor,
+    v: torch.Tensor,  # noqa: E741
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one KV tile into ``(m, l, acc)``; ``m`` starts finite (-1e30), so a masked tile gives no NaN."""
     m_new = torch.maximum(m, scores.max(dim=1).values)

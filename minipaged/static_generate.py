@@ -1,0 +1,127 @@
+"""Static-batch greedy generation, the runner of stages 0-3 (no scheduler yet).
+
+All prompts are prefilled together in one packed forward, then every step decodes one token
+per sequence. Only the KV cache changes between stages, which makes their outputs comparable
+token for token and logit for logit:
+
+- ``"recompute"``: no cache; each step runs the whole sequence again (the oracle);
+- ``"contiguous"`` (stage 0): each sequence reserves a ``max_seq_len`` buffer;
+- ``"paged"`` (stage 3): blocks from a pool, written by slot mapping, read through block tables.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from minipaged.attention.backends import get_ops
+from minipaged.attention.cache_attention import ContiguousAttention, PagedAttention, PagedMetadata, RecomputeAttention
+from minipaged.kv.block_pool import BlockPool
+from minipaged.kv.block_table import BlockTable
+from minipaged.kv.contiguous import ContiguousKVCache
+from minipaged.kv.paged_cache import PagedKVCache
+from minipaged.model.decoder import DecoderModel
+from minipaged.utils import cdiv
+
+CACHES = ("recompute", "contiguous", "paged")
+
+
+@dataclass
+class Generation:
+    """tokens[i]: the new token ids of prompt i; logits[s]: [num_seqs, vocab] at step s."""
+
+    tokens: list[list[int]]
+    logits: list[torch.Tensor]
+    cache: object | None = None  # the final KV state (ContiguousKVCache or PagedState), for inspection
+
+
+@dataclass
+class PagedState:
+    kv: PagedKVCache
+    pool: BlockPool
+    tables: list[BlockTable]
+
+
+@torch.inference_mode()
+def greedy_generate(
+    model: DecoderModel,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    cache: str = "paged",
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    shuffle_seed: int | None = 0,
+    attention_backend: str = "reference",
+) -> Generation:
+    """Greedy-decode ``max_new_tokens`` tokens for each prompt (token id lists, any lengths).
+
+    ``shuffle_seed`` scatters the paged pool's free list so that consecutive logical blocks
+    land in unrelated physical blocks (None keeps them in order). ``attention_backend`` picks
+    the paged and contiguous caches' operations (see :mod:`minipaged.attention.backends`).
+    """
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    cfg, dev = model.config, model.device
+    ops = get_ops(attention_backend, dev)
+    seqs = [list(p) for p in prompts]
+    max_len = max(len(p) for p in seqs) + max_new_tokens
+    layers, kv_heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+
+    if cache == "contiguous":
+        store = ContiguousKVCache(
+            layers, kv_heads, head_dim, max_seq_len=max_len, max_seqs=len(seqs), dtype=model.dtype, device=dev
+        )
+        for i in range(len(seqs)):
+            store.add_sequence(i)
+        attn = ContiguousAttention(store, ops)
+    elif cache == "paged":
+        need = sum(cdiv(len(p) + max_new_tokens, block_size) for p in seqs)
+        num_blocks = need if num_blocks is None else num_blocks
+        pool = BlockPool(num_blocks)
+        if shuffle_seed is not None:  # free every block once, in a random order
+            blocks = pool.allocate(num_blocks)
+            random.Random(shuffle_seed).shuffle(blocks)
+            for b in blocks:
+                pool.free([b])
+        store = PagedState(
+            PagedKVCache(layers, num_blocks, block_size, kv_heads, head_dim, model.dtype, dev),
+            pool,
+            [BlockTable(block_size) for _ in seqs],
+        )
+        attn = PagedAttention.of(store.kv, ops)
+    else:
+        store = None
+
+    out_tokens: list[list[int]] = [[] for _ in seqs]
+    step_logits: list[torch.Tensor] = []
+    cached = [0] * len(seqs)  # tokens whose K/V are already in the cache
+    for _ in range(max_new_tokens):
+        if cache == "recompute":
+            cached = [0] * len(seqs)
+        new = [s[c:] for s, c in zip(seqs, cached)]
+        q_lens = [len(n) for n in new]
+        ctx = [len(s) for s in seqs]
+        input_ids = torch.tensor([t for n in new for t in n], device=dev)
+        positions = torch.tensor([p for c, s in zip(cached, seqs) for p in range(c, len(s))], device=dev)
+        last = torch.tensor(q_lens, device=dev).cumsum(0) - 1  # each sequence's last new token
+        if cache == "recompute":
+            attn = RecomputeAttention(torch.nn.functional.pad(last + 1, (1, 0)).to(torch.int32))
+        elif cache == "contiguous":
+            attn.set_batch(list(range(len(seqs))), q_lens, ctx)
+        else:
+            for table, q in zip(store.tables, q_lens):
+                table.append_tokens(q, store.pool)
+            attn.set_batch(PagedMetadata.build([t.block_ids for t in store.tables], cached, q_lens, block_size, dev))
+        logits = model(input_ids, positions, attn, logits_indices=last)
+        step_logits.append(logits)
+        next_ids = logits.argmax(-1).tolist()
+        cached = ctx
+        for i, t in enumerate(next_ids):
+            seqs[i].append(t)
+            out_tokens[i].append(t)
+    return Generation(out_tokens, step_logits, store)
