@@ -27,13 +27,13 @@ def demo(args: argparse.Namespace) -> None:
     llm = LLM(block_size=16, num_kvcache_blocks=args.num_blocks, max_num_seqs=8, enable_prefix_caching=True)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
     ok = 0
-    for text, out in zip(texts, outputs):
+    for text, prompt, out in zip(texts, prompts, outputs):
         got = out.outputs[0].text
         right = got == task.expected_completion(text)
         ok += right
-        shared = out.prompt.startswith(preamble)
+        shared = prompt.startswith(preamble)
         shown = f"[the shared {len(preamble)}-character preamble] + " if shared else ""
-        shown += repr(out.prompt[len(preamble) :] if shared else out.prompt)
+        shown += repr(prompt[len(preamble) :] if shared else prompt)
         print(
             f"[{'ok ' if right else 'BAD'}] {len(out.prompt_token_ids):4d} prompt tokens, "
             f"{out.num_cached_tokens:4d} from the prefix cache"

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from minipaged.attention.backends import get_ops
-from minipaged.attention.cache_attention import ContiguousAttention, PagedAttention, PagedMetadata, RecomputeAttention
+from minipaged.attention.cache_attention import (
+    CacheAttention,
+    ContiguousAttention,
+    PagedAttention,
+    PagedMetadata,
+    RecomputeAttention,
+)
 from minipaged.kv.block_pool import BlockPool
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ContiguousKVCache
@@ -72,13 +78,14 @@ def greedy_generate(
     max_len = max(len(p) for p in seqs) + max_new_tokens
     layers, kv_heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
 
+    store: ContiguousKVCache | PagedState | None = None  # None: recompute
     if cache == "contiguous":
         store = ContiguousKVCache(
             layers, kv_heads, head_dim, max_seq_len=max_len, max_seqs=len(seqs), dtype=model.dtype, device=dev
         )
         for i in range(len(seqs)):
             store.add_sequence(i)
-        attn = ContiguousAttention(store, ops)
+        contiguous = ContiguousAttention(store, ops)
     elif cache == "paged":
         need = sum(cdiv(len(p) + max_new_tokens, block_size) for p in seqs)
         num_blocks = need if num_blocks is None else num_blocks
@@ -93,9 +100,7 @@ def greedy_generate(
             pool,
             [BlockTable(block_size) for _ in seqs],
         )
-        attn = PagedAttention.of(store.kv, ops)
-    else:
-        store = None
+        paged = PagedAttention.of(store.kv, ops)
 
     out_tokens: list[list[int]] = [[] for _ in seqs]
     step_logits: list[torch.Tensor] = []
@@ -109,14 +114,17 @@ def greedy_generate(
         input_ids = torch.tensor([t for n in new for t in n], device=dev)
         positions = torch.tensor([p for c, s in zip(cached, seqs) for p in range(c, len(s))], device=dev)
         last = torch.tensor(q_lens, device=dev).cumsum(0) - 1  # each sequence's last new token
-        if cache == "recompute":
-            attn = RecomputeAttention(torch.nn.functional.pad(last + 1, (1, 0)).to(torch.int32))
-        elif cache == "contiguous":
-            attn.set_batch(list(range(len(seqs))), q_lens, ctx)
-        else:
+        attn: CacheAttention
+        if isinstance(store, ContiguousKVCache):
+            contiguous.set_batch(list(range(len(seqs))), q_lens, ctx)
+            attn = contiguous
+        elif isinstance(store, PagedState):
             for table, q in zip(store.tables, q_lens):
                 table.append_tokens(q, store.pool)
-            attn.set_batch(PagedMetadata.build([t.block_ids for t in store.tables], cached, q_lens, block_size, dev))
+            paged.set_batch(PagedMetadata.build([t.block_ids for t in store.tables], cached, q_lens, block_size, dev))
+            attn = paged
+        else:
+            attn = RecomputeAttention(torch.nn.functional.pad(last + 1, (1, 0)).to(torch.int32))
         logits = model(input_ids, positions, attn, logits_indices=last)
         step_logits.append(logits)
         next_ids = logits.argmax(-1).tolist()

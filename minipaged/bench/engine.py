@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +70,7 @@ class EngineRun:
 
 
 WorkItem = tuple[list[int] | str, int]  # (prompt, output length)
+TokenItem = tuple[list[int], int]  # (prompt token ids, output length): what transformers is given
 
 
 def random_qwen3(folder: Path, seed: int = 0) -> Path:
@@ -97,7 +98,7 @@ def random_qwen3(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def token_workload(n: int, seed: int, vocab: int) -> list[WorkItem]:
+def token_workload(n: int, seed: int, vocab: int) -> list[TokenItem]:
     rng = random.Random(seed)
     return [([rng.randrange(vocab) for _ in range(rng.randint(16, 200))], rng.randint(8, 128)) for _ in range(n)]
 
@@ -110,7 +111,7 @@ def copy_workload(n: int, seed: int) -> list[WorkItem]:
     ]
 
 
-def run_engine(llm: LLM, name: str, requests: list[WorkItem], record: bool = False) -> EngineRun:
+def run_engine(llm: LLM, name: str, requests: Sequence[WorkItem], record: bool = False) -> EngineRun:
     """Submit every request at once and step until done, timing each step as ``generate`` runs
     it (no snapshot); with ``record``, read the pool's figures after every step, untimed."""
     run = EngineRun(name)
@@ -141,16 +142,16 @@ def fastest_of(runners: list[Callable[[], EngineRun]], repeats: int) -> list[Eng
     Times on a shared machine swing by tens of percent between runs. Taking turns exposes every
     runner to the same disturbances, and the fastest run is the least disturbed one.
     """
-    best: list[EngineRun | None] = [None] * len(runners)
+    best: dict[int, EngineRun] = {}  # runner's index -> its fastest run so far
     for _ in range(repeats):
         for i, runner in enumerate(runners):
             run = runner()
-            if best[i] is None or run.seconds < best[i].seconds:
+            if i not in best or run.seconds < best[i].seconds:
                 best[i] = run
-    return best
+    return [best[i] for i in range(len(runners))]
 
 
-def run_transformers(model_dir: Path, requests: list[WorkItem], batch_size: int = 16) -> EngineRun:
+def run_transformers(model_dir: Path, requests: Sequence[TokenItem], batch_size: int = 16) -> EngineRun:
     """Hugging Face ``generate``, batched and left-padded; every batch runs to its longest output."""
     from transformers import AutoModelForCausalLM
 
@@ -256,7 +257,7 @@ def explain(
     return cost
 
 
-def paged_vs_contiguous(model, requests: list[WorkItem], repeats: int = 1, **kw) -> tuple[EngineRun, EngineRun]:
+def paged_vs_contiguous(model, requests: Sequence[WorkItem], repeats: int = 1, **kw) -> tuple[EngineRun, EngineRun]:
     paged_llm, contiguous_llm = LLM(model, **kw), LLM(model, kv_layout="contiguous", **kw)
     paged, contiguous = fastest_of(
         [

@@ -79,7 +79,9 @@ def _interpretable_language() -> Iterator[None]:
             setattr(tl, name, fn)
 
 
-def launch(kernel: JITFunction | InterpretedFunction, grid: tuple, device: torch.device, *args, **constexprs) -> None:
+def launch(
+    kernel: JITFunction | InterpretedFunction, grid: tuple, device: torch.device, *args: object, **constexprs: object
+) -> None:
     """``kernel[grid](*args, **constexprs)``, compiled or interpreted as :func:`interpreting` says for ``device``."""
     if not interpreting(device):
         _as(kernel, JITFunction)[grid](*args, **constexprs)

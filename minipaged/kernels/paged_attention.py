@@ -53,7 +53,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _paged_attention_kernel(
+def _paged_attention_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
     Q,
     K_cache,
     V_cache,

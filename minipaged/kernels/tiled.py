@@ -119,7 +119,9 @@ class OnlineSoftmax:
     acc: torch.Tensor
 
     @classmethod
-    def start(cls, rows: int, head_dim: int, dtype: torch.dtype = torch.float32, device=None) -> OnlineSoftmax:
+    def start(
+        cls, rows: int, head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> OnlineSoftmax:
         """The state before any key: ``m = M_START``, ``l = 0``, ``acc = 0``."""
         return cls(
             torch.full((rows,), M_START, dtype=dtype, device=device),
@@ -237,7 +239,7 @@ def kernel_tile_sizes(
     decode: bool,
     block_m: int | None = None,
     block_n: int | None = None,
-    **mode,
+    **mode: bool,
 ) -> tuple[int, int]:
     """``(block_q, block_n)``: the query tokens per program and key positions per loop step that
     the Triton kernel would use for this launch (``kernel_constexprs``'s ``BLOCK_Q`` and

@@ -58,7 +58,7 @@ class FreeBlockQueue:
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
         node = self.head.next_free_block
-        while node is not self.tail:
+        while node is not None and node is not self.tail:  # never None: the tail sentinel ends the chain
             yield node
             node = node.next_free_block
 
@@ -67,6 +67,7 @@ class FreeBlockQueue:
         if self._len == 0:
             raise IndexError("popleft from an empty FreeBlockQueue")
         block = self.head.next_free_block
+        assert block is not None  # the head sentinel always links to a block or to the tail
         self.remove(block)
         return block
 
@@ -75,6 +76,7 @@ class FreeBlockQueue:
         if block in self:
             raise BlockPoolError(f"block {block.block_id} is already in the free queue")
         last = self.tail.prev_free_block
+        assert last is not None  # the tail sentinel always links back to a block or to the head
         last.next_free_block = block
         block.prev_free_block = last
         block.next_free_block = self.tail
@@ -85,8 +87,10 @@ class FreeBlockQueue:
         """Unlink ``block`` from wherever it sits (stage 6 revives cached free blocks this way)."""
         if block not in self:
             raise BlockPoolError(f"block {block.block_id} is not in the free queue")
-        block.prev_free_block.next_free_block = block.next_free_block
-        block.next_free_block.prev_free_block = block.prev_free_block
+        prev, next_ = block.prev_free_block, block.next_free_block
+        assert prev is not None and next_ is not None  # a queued block sits between two nodes
+        prev.next_free_block = next_
+        next_.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None
         self._len -= 1
 

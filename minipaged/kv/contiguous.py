@@ -123,9 +123,10 @@ class ContiguousKVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        if (max_seqs is None) == (num_slots is None):
+        if num_slots is None and max_seqs is not None:
+            num_slots = max_seqs * max_seq_len
+        elif num_slots is None or max_seqs is not None:
             raise ValueError("give exactly one of max_seqs and num_slots")
-        num_slots = max_seqs * max_seq_len if num_slots is None else num_slots
         self.max_seq_len = max_seq_len
         self.arena = FirstFitArena(num_slots)
         shape = (num_layers, num_slots, num_kv_heads, head_dim)

@@ -76,7 +76,7 @@ class PrefixCache:
         self.num_evictions += 1
 
     def _remove(self, block: KVCacheBlock) -> None:
-        if self.blocks.get(block.block_hash) is block:
+        if block.block_hash is not None and self.blocks.get(block.block_hash) is block:
             del self.blocks[block.block_hash]
         self.entries.pop(block.block_id, None)
 
@@ -92,7 +92,7 @@ class PrefixCache:
             block = self.blocks.get(h)
             entry = self.entries.get(block.block_id) if block is not None else None
             tokens = tuple(token_ids[i * block_size : (i + 1) * block_size])
-            if entry is None or entry.token_ids != tokens or entry.parent is not parent:
+            if block is None or entry is None or entry.token_ids != tokens or entry.parent is not parent:
                 break
             hits.append(block)
             parent = entry

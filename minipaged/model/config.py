@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2", "mistral")
 # The MLP's activation (``hidden_act``); the decoder maps each name to its function.
@@ -30,10 +31,22 @@ ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
 }
 
+
+class FamilyDefaults(TypedDict):
+    """The fields a family's config class fills in when config.json omits them (None: derived or none)."""
+
+    num_key_value_heads: int | None
+    head_dim: int | None
+    max_position_embeddings: int
+    bos_token_id: int | None
+    eos_token_id: int | None
+    sliding_window: int | None
+
+
 # What transformers' config class of each family assumes when config.json omits a field
 # (tests/model/test_model_config.py checks these against the classes themselves).
-FAMILY_DEFAULTS = {
-    "llama": dict(
+FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
+    "llama": FamilyDefaults(
         num_key_value_heads=None,
         head_dim=None,
         max_position_embeddings=2048,
@@ -41,7 +54,7 @@ FAMILY_DEFAULTS = {
         eos_token_id=2,
         sliding_window=None,
     ),
-    "mistral": dict(
+    "mistral": FamilyDefaults(
         num_key_value_heads=8,
         head_dim=None,
         max_position_embeddings=131072,
@@ -49,7 +62,7 @@ FAMILY_DEFAULTS = {
         eos_token_id=2,
         sliding_window=4096,
     ),
-    "qwen2": dict(
+    "qwen2": FamilyDefaults(
         num_key_value_heads=32,
         head_dim=None,
         max_position_embeddings=32768,
@@ -57,7 +70,7 @@ FAMILY_DEFAULTS = {
         eos_token_id=None,
         sliding_window=4096,
     ),
-    "qwen3": dict(
+    "qwen3": FamilyDefaults(
         num_key_value_heads=32,
         head_dim=128,
         max_position_embeddings=32768,
@@ -220,7 +233,7 @@ def _refuse_unsupported(cfg: dict, model_type: str, max_pos: int) -> None:
             "minipaged loads unquantized weights (fp32/fp16/bf16 safetensors) only",
         )
     window, layers = _sliding_window(cfg, model_type)
-    if layers and window < max_pos:
+    if layers and window is not None and window < max_pos:
         name = "sliding_window" if model_type == "mistral" else "use_sliding_window=True with sliding_window"
         where = "every layer" if len(layers) == cfg["num_hidden_layers"] else f"layers {layers}"
         raise ValueError(

@@ -39,7 +39,9 @@ def load_model(
         model = DecoderModel(cfg)
     tensors = _read_shards(shards)
     if cfg.tie_word_embeddings:  # one matrix serves both; a saved lm_head copy is not used (nor by transformers)
-        tensors["lm_head.weight"] = tensors.get("model.embed_tokens.weight", tensors.get("lm_head.weight"))
+        shared = tensors.get("model.embed_tokens.weight", tensors.get("lm_head.weight"))
+        if shared is not None:  # else _check_tensors names what is missing
+            tensors["lm_head.weight"] = shared
     _check_tensors(model, tensors, folder)
     model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True, assign=True)
     if cfg.tie_word_embeddings:  # assign=True gave the two names two Parameters: tie them again

@@ -34,9 +34,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None = None
     """
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim
     inv_freq = 1.0 / theta**exponents
-    kind = "default" if scaling is None else scaling["rope_type"]
-    if kind == "default":
+    if scaling is None or scaling["rope_type"] == "default":
         return inv_freq, 1.0
+    kind = scaling["rope_type"]
     if kind == "linear":
         return inv_freq / scaling["factor"], 1.0
     if kind == "llama3":
@@ -90,6 +90,8 @@ def _yarn(pos_freqs: torch.Tensor, head_dim: int, theta: float, s: dict) -> tupl
 
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to packed queries or keys: ``x: [num_tokens, heads, head_dim]``, ``positions: [num_tokens]``."""
+
+    inv_freq: torch.Tensor  # a buffer, registered below
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None = None) -> None:
         super().__init__()

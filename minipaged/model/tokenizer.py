@@ -9,7 +9,8 @@ from typing import Protocol
 
 
 class Tokenizer(Protocol):
-    eos_token_id: int | None
+    @property
+    def eos_token_id(self) -> int | None: ...  # read-only here, so an implementation may say plain int
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 

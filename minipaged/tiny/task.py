@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import random
 import string
+from typing import TYPE_CHECKING, Any
 
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
+
+if TYPE_CHECKING:
+    from minipaged.engine.llm import LLM
 
 COPY, END, EOS, PAD = "<copy>", "<end>", "<eos>", "<pad>"
 SPECIAL_TOKENS = [COPY, END, EOS, PAD]
@@ -55,7 +59,7 @@ def held_out_cases(n: int = 200, seed: int = 1234) -> list[tuple[str, str]]:
     return [(random_text(rng), random_preamble(rng)) for _ in range(n)]
 
 
-def evaluate(num_cases: int = 200, seed: int = 1234, llm=None, **llm_kwargs) -> tuple[float, int]:
+def evaluate(num_cases: int = 200, seed: int = 1234, llm: LLM | None = None, **llm_kwargs: Any) -> tuple[float, int]:
     """Greedy exact-completion accuracy on :func:`held_out_cases` through ``LLM.generate``.
 
     ``llm_kwargs`` configure the engine (e.g. a small ``num_kvcache_blocks`` to force

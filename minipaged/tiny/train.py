@@ -82,8 +82,10 @@ class DenseCausalBackend:
         return out.transpose(1, 2).reshape(b * t, q.shape[1], q.shape[3])
 
 
-def make_batch(rng: random.Random, tok: ByteTokenizer, size: int, max_pre: int, max_text: int, min_pre: int = 0):
-    """Token ids, loss mask and completion spans for ``size`` examples of similar length."""
+def make_batch(
+    rng: random.Random, tok: ByteTokenizer, size: int, max_pre: int, max_text: int, min_pre: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and loss mask ``[size, width]`` for ``size`` examples of similar length."""
     # One target preamble length per batch keeps padding low; examples spread just below it.
     top = rng.randint(min_pre, max_pre)
     seqs, spans = [], []
@@ -144,7 +146,8 @@ def train(
     print(f"parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M", flush=True)
     opt = make_optimizer(model, 2e-3)
     start = time.time()
-    stage, recent, step = start_stage, deque(maxlen=20), 0
+    stage, step = start_stage, 0
+    recent: deque[float] = deque(maxlen=20)  # exact-match rate of the last 20 batches
     # Phase 1: gated curriculum at a constant learning rate.
     while stage < len(CURRICULUM) and step < max_curriculum_steps:
         ids, mask = make_batch(rng, tok, batch_size, *CURRICULUM[stage])
