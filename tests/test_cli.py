@@ -85,6 +85,7 @@ def test_bad_arguments_exit_2_with_usage(argv, capsys):
     assert out == ""
 
 
+@pytest.mark.slow
 def test_runs_as_a_module():
     """``python -m minipaged`` is the entry point (``minipaged/__main__.py``)."""
     done = subprocess.run(
@@ -102,6 +103,7 @@ def test_bench_options_reach_the_bench(capsys):
     assert "paged, 64 blocks of 16" in out
 
 
+@pytest.mark.slow
 def test_demo_serves_the_embedded_model(capsys):
     code, out, _ = run_main(["demo", "--num-prompts", "6"], capsys)
     assert code == 0
@@ -109,6 +111,7 @@ def test_demo_serves_the_embedded_model(capsys):
     assert "from the prefix cache" in out and "paged allocates" in out
 
 
+@pytest.mark.slow
 def test_eval_reports_exact_completions(capsys):
     code, out, _ = run_main(["eval", "--num-cases", "4"], capsys)
     assert code == 0

@@ -55,6 +55,7 @@ def make_batch(block_size, heads, kv_heads, head_dim, q_lens, context_lens, seed
 
 @settings(max_examples=150, deadline=None)
 @given(paged_batches())
+@pytest.mark.slow
 def test_batched_prefill_equals_the_reference(batch):
     q, k_cache, v_cache, meta = make_batch(*batch)
     args = (q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens)
@@ -65,6 +66,7 @@ def test_batched_prefill_equals_the_reference(batch):
 
 @settings(max_examples=60, deadline=None)
 @given(paged_batches())
+@pytest.mark.slow
 def test_batched_decode_equals_the_reference(batch):
     block_size, heads, kv_heads, head_dim, q_lens, context_lens, seed = batch
     q_lens = [1] * len(q_lens)

@@ -44,6 +44,7 @@ def test_bench_memory_paged_holds_more_tokens_and_runs_more_requests(capsys):
 
 
 # -- bench prefix --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_bench_prefix_meets_the_sharing_targets():
     """16 requests sharing a 512-token preamble: prefill tokens and peak blocks both fall by > 85%."""
     f = prefix.shared_preamble(num_requests=16, preamble_len=512, block_size=16, seed=3)
@@ -52,6 +53,7 @@ def test_bench_prefix_meets_the_sharing_targets():
     assert 1 - f[True]["peak_blocks"] / f[False]["peak_blocks"] > 0.85
 
 
+@pytest.mark.slow
 def test_bench_prefix_parallel_samples_share_the_prompts_full_blocks():
     """n samples of one prompt hold n - 1 fewer copies of its full blocks; the partial last block is copied."""
     rows = prefix.parallel_sampling([2, 3], prompt_len=64, max_tokens=8, block_size=16, seed=0)
@@ -75,6 +77,7 @@ def test_gh200_is_not_read_as_h200():
     assert kernels.peak_gbps_for("NVIDIA GH200 480GB") == kernels.PEAK_GBPS["GH200"]
 
 
+@pytest.mark.slow
 def test_bench_kernels_quick_on_cpu_agrees_with_the_reference(capsys):
     rows = kernels.run(device="cpu", quick=True)
     out = capsys.readouterr().out
@@ -102,6 +105,7 @@ def test_workloads_are_seeded_and_in_range():
         assert 40 <= len(preamble) <= 400 and rest.endswith(task.END) and 20 <= n <= 200
 
 
+@pytest.mark.slow
 def test_paged_runs_more_sequences_than_contiguous_on_one_budget(capsys):
     """The same copy requests on 64 blocks x 16 slots, max_model_len 512: a contiguous cache
     reserves 512 slots per sequence, so 2 fit; the paged cache runs all 4, with the same tokens."""
@@ -141,6 +145,7 @@ def test_fewest_steps_is_slots_held_over_pool_slots():
     assert engine.fewest_steps([(3, 2), (4, 3)], block_size=4, num_slots=10**6) == 3
 
 
+@pytest.mark.slow
 def test_explain_prints_where_the_time_goes(capsys):
     requests = [(p, 6) for p, _ in engine.copy_workload(4, seed=1)]
     paged, contiguous = engine.paged_vs_contiguous(

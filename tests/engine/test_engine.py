@@ -39,6 +39,7 @@ def alone(tiny_model_dir, prompts):
     return [tokens(llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts]
 
 
+@pytest.mark.slow
 def test_batched_equals_alone(tiny_model_dir, prompts, alone):
     llm = LLM(tiny_model_dir, max_model_len=128)
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
@@ -55,12 +56,14 @@ def test_batched_equals_alone(tiny_model_dir, prompts, alone):
         dict(num_kvcache_blocks=9, block_size=8, max_num_batched_tokens=5, enable_prefix_caching=True),
     ],
 )
+@pytest.mark.slow
 def test_same_tokens_under_any_configuration(tiny_model_dir, prompts, alone, kwargs):
     llm = LLM(tiny_model_dir, max_model_len=128, **kwargs)
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
     assert_pool_clean(llm)
 
 
+@pytest.mark.slow
 def test_memory_pressure_preempts_and_recovers(tiny_model_dir, prompts, alone):
     llm = LLM(tiny_model_dir, max_model_len=128, num_kvcache_blocks=7, block_size=8)
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
@@ -90,6 +93,7 @@ def test_step_api_snapshots(tiny_model_dir):
     assert_pool_clean(llm)
 
 
+@pytest.mark.slow
 def test_seeded_sampling_does_not_depend_on_batching_or_preemption(tiny_model_dir, prompts):
     params = [
         SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=10, seed=i, ignore_eos=True)
@@ -104,6 +108,7 @@ def test_seeded_sampling_does_not_depend_on_batching_or_preemption(tiny_model_di
     assert len(greedy_like) == len(prompts)
 
 
+@pytest.mark.slow
 def test_parallel_sampling_copy_on_write_equals_independent_samples(tiny_model_dir):
     """n samples that share the prompt's blocks (paged, copy-on-write) produce the same tokens
     as n independent sequences (contiguous, nothing shared)."""
@@ -172,12 +177,14 @@ def test_add_request_error_keeps_queued_requests(tiny_model_dir):
     assert [o.request_id for o in finished] == [rid]
 
 
+@pytest.mark.slow
 def test_reference_and_batched_backends_give_the_same_tokens(tiny_model_dir, prompts, alone):
     for backend in ("reference", "torch"):
         llm = LLM(tiny_model_dir, max_model_len=128, block_size=8, max_num_batched_tokens=20, attention_backend=backend)
         assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
 
 
+@pytest.mark.slow
 def test_triton_backend_gives_the_same_tokens(tiny_model_dir):
     """The engine on the Triton kernels (interpreter on CPU) equals the torch reference, with a
     mixed batch: chunked prefill, decode, preemption and prefix hits all go through the kernels."""
@@ -200,6 +207,7 @@ def test_triton_backend_gives_the_same_tokens(tiny_model_dir):
     budget=st.sampled_from([3, 16, 2048]),
     max_num_seqs=st.integers(1, 6),
 )
+@pytest.mark.slow
 def test_random_mixes_never_lose_leak_or_double_hand_a_block(
     tiny_model_dir, seed, num_blocks, block_size, budget, max_num_seqs
 ):

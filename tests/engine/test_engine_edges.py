@@ -52,6 +52,7 @@ def test_numpy_integers_are_ints():
     assert SamplingParams(n=np.int64(2), seed=np.uint64(2**64 - 1)).n == 2
 
 
+@pytest.mark.slow
 def test_vanishing_temperature_is_greedy_and_never_crashes(llm):
     prompts = random_prompts(3, seed=1, max_len=12)
     greedy = tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
@@ -116,6 +117,7 @@ def test_n_above_max_num_seqs_is_refused_before_queuing(tiny_model_dir):
     assert not llm.has_unfinished_requests()
 
 
+@pytest.mark.slow
 def test_pending_forks_count_against_max_num_seqs(tiny_model_dir):
     llm = LLM(tiny_model_dir, max_model_len=64, max_num_seqs=4)
     sp = SamplingParams(n=3, max_tokens=5, seed=1, ignore_eos=True)
@@ -132,6 +134,7 @@ def test_pending_forks_count_against_max_num_seqs(tiny_model_dir):
     [np.array([1, 2, 3]), np.array([1, 2, 3], dtype=np.int32), (1, 2, 3), torch.tensor([1, 2, 3])],
     ids=["numpy-int64", "numpy-int32", "tuple", "torch"],
 )
+@pytest.mark.slow
 def test_integer_arrays_and_tuples_are_prompts(llm, prompt):
     want = llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     assert llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want
@@ -158,6 +161,7 @@ class Interrupt(BaseException):
 
 
 @pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.slow
 def test_interrupted_generate_leaves_the_engine_usable(tiny_model_dir, monkeypatch, caching):
     prompts = random_prompts(5, seed=4, min_len=6, max_len=30)
     kw = dict(max_model_len=64, block_size=4, num_kvcache_blocks=30, enable_prefix_caching=caching)
@@ -199,6 +203,7 @@ def test_abort_request_frees_and_reports(llm):
         llm.abort_request(12345)
 
 
+@pytest.mark.slow
 def test_generation_stops_on_any_of_several_eos_ids(tmp_path):
     """Llama 3 style: config.json lists two stop ids, generation_config.json adds a third."""
     import json

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minipaged import SamplingParams
@@ -33,6 +34,7 @@ def test_top_k_never_picks_outside_the_k_best():
     assert picks <= best and len(picks) == 3
 
 
+@pytest.mark.slow
 def test_frequencies_follow_the_softmax():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     g, n = gen(4), 4000

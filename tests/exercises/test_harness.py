@@ -22,6 +22,9 @@ from exercises import harness
 from exercises.__main__ import main
 from exercises.report import format_stage, format_table, verdict
 
+# Every check here runs the exercises' pytest session on stubs or variants of the solutions.
+pytestmark = pytest.mark.slow
+
 STUB_BODY = ast.parse("raise NotImplementedError").body
 
 

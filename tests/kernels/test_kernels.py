@@ -131,6 +131,7 @@ def _assert_close(out, ref, dtype):
 
 
 @pytest.mark.parametrize("block_size,head_dim,heads,dtype,table_kind,tiles", _covering_grid())
+@pytest.mark.slow
 def test_decode_matches_reference(block_size, head_dim, heads, dtype, table_kind, tiles):
     q, k_cache, v_cache, tables, _, ctx = _batch(DECODE_PAIRS, block_size, head_dim, heads, dtype, table_kind)
     out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, ctx, block_n=tiles[1])
@@ -139,6 +140,7 @@ def test_decode_matches_reference(block_size, head_dim, heads, dtype, table_kind
 
 
 @pytest.mark.parametrize("block_size,head_dim,heads,dtype,table_kind,tiles", _covering_grid())
+@pytest.mark.slow
 def test_prefill_matches_reference(block_size, head_dim, heads, dtype, table_kind, tiles):
     pairs = (*PREFILL_PAIRS, (0, 7), (1, 37))  # an empty sequence, and a decode-shaped one
     q, k_cache, v_cache, tables, cu, ctx = _batch(pairs, block_size, head_dim, heads, dtype, table_kind, seed=1)
@@ -147,6 +149,7 @@ def test_prefill_matches_reference(block_size, head_dim, heads, dtype, table_kin
     _assert_close(out, ref, dtype)
 
 
+@pytest.mark.slow
 def test_small_tiles_and_blocks_longer_than_a_tile():
     """block_m = block_n = 16 with 32-token blocks: a KV tile is half a block, query tiles are
     short, so tile and block boundaries fall everywhere; a custom scale too."""

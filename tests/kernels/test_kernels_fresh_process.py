@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# Each test starts Python afresh and imports torch and Triton there: seconds apiece.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = REPO / "minipaged" / "kernels"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -130,6 +130,7 @@ def test_kernel_tile_sizes_are_the_kernels():
     assert kernel_tile_sizes(torch.float32, 8, 2, 32, 1, True)[0] == 1  # decode: one query token per program
 
 
+@pytest.mark.slow
 def test_tiled_attention_with_the_kernels_tiles_matches_the_kernel():
     """Notebook 04's batch: the Triton kernel (tiles 16 x 16) and this module, sequence by sequence."""
     pytest.importorskip("triton")

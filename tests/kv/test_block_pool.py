@@ -43,6 +43,7 @@ def test_queue_errors():
         q.popleft()
 
 
+@pytest.mark.slow
 def test_queue_ops_are_constant_time():
     """Removing from the middle of a 200k-long queue costs the same as from a 200-long one."""
 
@@ -242,4 +243,4 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 PoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
-TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine = pytest.mark.slow(PoolMachine.TestCase)

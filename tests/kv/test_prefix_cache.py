@@ -66,6 +66,7 @@ def shared_prompts():
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(num_kvcache_blocks=9, max_num_batched_tokens=6)])
+@pytest.mark.slow
 def test_greedy_identical_with_caching_on_and_off(tiny_model_dir, shared_prompts, kwargs):
     off = LLM(tiny_model_dir, max_model_len=64, block_size=4, **kwargs)
     on = LLM(tiny_model_dir, max_model_len=64, block_size=4, enable_prefix_caching=True, **kwargs)
@@ -80,6 +81,7 @@ def test_greedy_identical_with_caching_on_and_off(tiny_model_dir, shared_prompts
     assert on.kv_manager.pool.num_free_blocks == on.num_blocks
 
 
+@pytest.mark.slow
 def test_whole_prompt_hit_still_computes_the_last_token(tiny_model_dir):
     llm = LLM(tiny_model_dir, max_model_len=64, block_size=4, enable_prefix_caching=True)
     prompt = random_prompts(1, seed=4, min_len=16, max_len=16)[0]  # exactly 4 full blocks
@@ -91,6 +93,7 @@ def test_whole_prompt_hit_still_computes_the_last_token(tiny_model_dir):
     assert longer.num_cached_tokens == 16
 
 
+@pytest.mark.slow
 def test_preempted_sequence_finds_its_own_blocks(tiny_model_dir):
     prompts = random_prompts(6, seed=21, min_len=20, max_len=30)
     off = LLM(tiny_model_dir, max_model_len=64, block_size=4, num_kvcache_blocks=12)
@@ -127,6 +130,7 @@ def live_sharing_is_consistent(llm: LLM) -> None:
     n_requests=st.integers(1, 8),
     budget=st.sampled_from([5, 16, 2048]),
 )
+@pytest.mark.slow
 def test_random_shared_prefix_mixes(tiny_model_dir, seed, num_blocks, block_size, n_requests, budget):
     import random
 
@@ -155,6 +159,7 @@ def test_random_shared_prefix_mixes(tiny_model_dir, seed, num_blocks, block_size
     assert [done[r] for r in rids] == want
 
 
+@pytest.mark.slow
 def test_a_hash_collision_costs_a_miss_never_wrong_kv(tiny_model_dir, monkeypatch):
     """Force collisions: a hash that ignores the parent block. B's second block then has the same
     hash and tokens as A's, but A computed it after other tokens: sharing it would be wrong K/V."""

@@ -66,6 +66,7 @@ def test_paged_attention_equals_attention_over_the_gathered_context():
     torch.testing.assert_close(decode, out[[2, 3]], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_embedded_model_on_shuffled_paged_cache_equals_contiguous():
     model, tok = load_model()
     cases = [("paged attention", ""), ("kv", "system: copy the text. "), ("blocks of 8", "hi " * 20)]

@@ -23,6 +23,7 @@ def hf_logits(hf, prompt: list[int]) -> torch.Tensor:
         return hf(torch.tensor([prompt])).logits[0]
 
 
+@pytest.mark.slow
 def test_logits_match_transformers(hf_checkpoint, prompts):
     hf, folder = hf_checkpoint
     model, _ = load_model(folder)
@@ -30,6 +31,7 @@ def test_logits_match_transformers(hf_checkpoint, prompts):
         torch.testing.assert_close(logits(model, p), hf_logits(hf, p), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_packed_batch_logits_match_one_by_one(hf_checkpoint, prompts):
     """Packing sequences of different lengths into one forward changes nothing."""
     _, folder = hf_checkpoint
@@ -58,6 +60,7 @@ def hf_greedy(hf_checkpoint, prompts):
 
 
 @pytest.mark.parametrize("cache", ["recompute", "contiguous", "paged"])
+@pytest.mark.slow
 def test_greedy_tokens_match_transformers_generate(hf_checkpoint, hf_greedy, prompts, cache):
     _, folder = hf_checkpoint
     model, _ = load_model(folder)
@@ -115,6 +118,7 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.slow
 def test_supported_config_variants_match_transformers(variant, tmp_path, prompts):
     kind, fields, read = VARIANTS[variant]
     hf = make_hf_model(kind, **fields)

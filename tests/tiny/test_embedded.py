@@ -13,6 +13,7 @@ from minipaged.model import EMBEDDED_MODEL_DIR, load_model
 from minipaged.tiny import task
 
 
+@pytest.mark.slow
 def test_prompt_format_and_tokenizer_round_trip():
     prompt = task.prompt_for("hi there", preamble="some words ")
     assert prompt == "some words <copy>hi there<end>"
@@ -38,6 +39,7 @@ def test_model_is_small_gqa_and_shipped_in_16_bit():
     assert size < 5e6
 
 
+@pytest.mark.slow
 def test_embedded_checkpoint_matches_transformers():
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR, dtype=torch.float32).eval()
@@ -49,6 +51,7 @@ def test_embedded_checkpoint_matches_transformers():
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_accuracy_through_the_batched_engine_with_preemptions():
     """>= 99% exact greedy copies on 200 held-out cases, served by a pool far too small for the batch."""
     llm = LLM(num_kvcache_blocks=160, max_num_seqs=32, enable_prefix_caching=True)
@@ -58,6 +61,7 @@ def test_accuracy_through_the_batched_engine_with_preemptions():
     assert stats["num_preemptions"] > 0 and stats["num_free_blocks"] == 160
 
 
+@pytest.mark.slow
 def test_words_and_other_alphabets_with_and_without_a_preamble():
     """Copying is not tied to the training texts: words, upper case, punctuation, and prompts that
     start right at <copy> (no preamble) or after a long one."""

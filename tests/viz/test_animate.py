@@ -17,6 +17,8 @@ from minipaged.viz import animate
 from minipaged.viz.frames import build_frames, step_events
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The movies are engine runs drawn frame by frame, and most tests here render one.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ def _save_both(fig: Figure, tmp_path) -> None:
         assert path.exists() and path.stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_launch_grid_one_box_per_program(tmp_path):
     # 3 sequences x 2 KV heads x 3 query tiles of 4 tokens; q_lens 5, 12, 1 leave 3 + 0 + 2 idle tiles per head.
     fig = draw_launch_grid(3, 2, 3, q_lens=[5, 12, 1], block_q=4, group=4)
@@ -45,6 +46,7 @@ def test_launch_grid_without_q_lens_has_no_idle_programs():
         draw_launch_grid(2, 1, 1, q_lens=[1])
 
 
+@pytest.mark.slow
 def test_draw_program_reads_artists(tmp_path):
     table, ctx, bs, bn, num_blocks = [6, 2, 9, 0, 4, 99], 18, 4, 8, 10  # entry 99 is past the context
     fig = draw_program_reads(table, ctx, bs, bn, num_blocks=num_blocks)
@@ -68,6 +70,7 @@ def test_draw_program_reads_kv_end_and_shared_block():
         draw_program_reads([0, 1], 8, 4, 4, num_blocks=1)
 
 
+@pytest.mark.slow
 def test_draw_online_softmax_artists(tmp_path):
     scores = np.linspace(-2, 3, 13) * np.cos(np.arange(13))
     fig = draw_online_softmax(scores, 4)

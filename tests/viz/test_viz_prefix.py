@@ -58,6 +58,7 @@ def cow_frames(tiny_model_dir):
     return frames
 
 
+@pytest.mark.slow
 def test_draw_shared_pool_marks_shared_blocks_and_their_ref_cnt(shared_snapshot, tmp_path):
     snap = shared_snapshot
     shared = [b for b in range(len(snap.ref_cnt)) if snap.ref_cnt[b] > 1]
@@ -120,6 +121,7 @@ def test_long_tables_collapse_shared_runs_and_big_pools_are_cut():
     assert texts(fig, "ref_cnt") == ["×3"] * 20
 
 
+@pytest.mark.slow
 def test_draw_cow_steps_draws_one_arrow_per_copy(cow_frames, tmp_path):
     before, after = as_state(cow_frames[0]), as_state(cow_frames[1])
     copies = copies_between(before, after)
@@ -138,6 +140,7 @@ def test_draw_cow_steps_draws_one_arrow_per_copy(cow_frames, tmp_path):
         draw_cow_steps(cow_frames, labels, titles=["only one"])
 
 
+@pytest.mark.slow
 def test_draw_savings_plots_percentages(tmp_path):
     ns, saved, hits = [1, 2, 4, 8], [0.0, 0.3, 0.45, 0.55], [0.0, 0.4, 0.6, 0.7]
     fig = draw_savings(ns, saved, hits, limit=0.6)

@@ -53,6 +53,7 @@ def run():
     return snaps, paged, contig, contig_snaps
 
 
+@pytest.mark.slow
 def test_seq_names_and_describe_step(run):
     snaps, *_ = run
     names = seq_names(snaps)
@@ -64,6 +65,7 @@ def test_seq_names_and_describe_step(run):
     assert f"free blocks {snap.num_free_blocks}/8" in line
 
 
+@pytest.mark.slow
 def test_draw_step_panels(run, tmp_path):
     snaps, *_ = run
     names = seq_names(snaps)
@@ -95,6 +97,7 @@ def test_draw_step_panels(run, tmp_path):
     assert "preemption" not in quiet.get_suptitle()
 
 
+@pytest.mark.slow
 def test_timeline_rows_and_states(run, tmp_path):
     snaps, *_ = run
     states, finished = timeline_states(snaps)
@@ -120,6 +123,7 @@ def test_during_steps_carries_memory_through_the_step_that_frees_it():
     assert during_steps([]) == []
 
 
+@pytest.mark.slow
 def test_kv_usage_lines(run, tmp_path):
     snaps, paged, contig, contig_snaps = run
     fig = draw_kv_usage(paged, contig, capacity=32)
@@ -141,6 +145,7 @@ def test_kv_usage_lines(run, tmp_path):
     _saves(fig, tmp_path, "kv_usage")
 
 
+@pytest.mark.slow
 def test_kv_usage_running_panel_counts_whole_sequences(run):
     snaps, paged, contig, contig_snaps = run
     running = ([len(s.running) for s in snaps], [len(s.running) for s in contig_snaps])

@@ -43,6 +43,7 @@ def batch():
     return pool, tables
 
 
+@pytest.mark.slow
 def test_slot_mapping_arrows_skip_padding(batch, tmp_path):
     _, tables = batch
     slots = build_slot_mapping([t.block_ids for t in tables], [0, 0, 0], PROMPT_LENS, BLOCK_SIZE).tolist()
@@ -88,6 +89,7 @@ def test_slot_mapping_rejects_bad_input():
         draw_slot_mapping([NUM_BLOCKS * BLOCK_SIZE], [0], BLOCK_SIZE, NUM_BLOCKS)
 
 
+@pytest.mark.slow
 def test_pool_fill_outlines_new_tokens(batch, tmp_path):
     pool, tables = batch
     frames = [("prefill", [list(t.block_ids) for t in tables], list(PROMPT_LENS))]

@@ -90,6 +90,7 @@ def all_figures() -> dict[str, Figure]:
     return figures()
 
 
+@pytest.mark.slow
 def test_every_figure_fits_a_projector_with_readable_text(all_figures):
     for name, fig in all_figures.items():
         width, height = Image.open(io.BytesIO(figure_png(fig))).size
@@ -112,6 +113,7 @@ def test_fit_keeps_the_aspect_ratio():
 
 
 @pytest.mark.parametrize("suffix", ["png", "svg"])
+@pytest.mark.slow
 def test_save_figures(all_figures, tmp_path, suffix):
     for name in ("memory_map", "pool", "shared_pool"):
         path = save_figure(all_figures[name], tmp_path / "out" / f"{name}.{suffix}")
