@@ -47,6 +47,7 @@ STAGES: dict[int, tuple[str, str]] = {
     4: ("stage4_triton", "04_triton_kernel"),
     5: ("stage5_scheduler", "05_scheduler"),
     6: ("stage6_prefix_cache", "06_prefix_caching"),
+    7: ("stage7_capstone", "04_triton_kernel"),  # the capstone: the decode kernel, after notebook 04
 }
 
 TARGETS = pytest.StashKey[dict]()  # file stem -> the module the checks run on
