@@ -91,7 +91,5 @@ class BeamGroup:
         """Finished and live beams ranked; the best ``beam_width``."""
         ranked = self.completed + [BeamSearchSequence(b.output_token_ids, b.cum_logprob, "length") for b in self.live]
         prompt = self.num_prompt_tokens
-        ranked.sort(
-            key=lambda s: self._score(prompt + len(s.token_ids), s.token_ids[-1], s.cum_logprob), reverse=True
-        )
+        ranked.sort(key=lambda s: self._score(prompt + len(s.token_ids), s.token_ids[-1], s.cum_logprob), reverse=True)
         return ranked[: self.params.beam_width]

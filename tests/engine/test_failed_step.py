@@ -87,7 +87,9 @@ def test_no_copy_on_write_is_replayed_from_a_block_that_changed(tiny_model_dir):
     run = llm.runner.run
 
     def recording_run(batch):
-        seen.append((list(batch.blocks_to_copy), [q.sample_index for q in batch.preempted], seq_b.block_table.block_ids[-1]))
+        seen.append(
+            (list(batch.blocks_to_copy), [q.sample_index for q in batch.preempted], seq_b.block_table.block_ids[-1])
+        )
         return run(batch)
 
     llm.runner.run = recording_run
@@ -109,7 +111,9 @@ def random_request(rng: random.Random, prefixes: list[list[int]]) -> tuple[list[
     if rng.random() < 0.5:
         return prompt, SamplingParams(temperature=0, max_tokens=rng.randint(1, 8), ignore_eos=True)
     n = rng.randint(1, 3)
-    return prompt, SamplingParams(temperature=1.0, top_k=20, seed=rng.randrange(1000), n=n, max_tokens=rng.randint(1, 8))
+    return prompt, SamplingParams(
+        temperature=1.0, top_k=20, seed=rng.randrange(1000), n=n, max_tokens=rng.randint(1, 8)
+    )
 
 
 def inject(llm: LLM, rng: random.Random, layers: int) -> None:
