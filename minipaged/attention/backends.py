@@ -21,8 +21,10 @@ import importlib
 from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 
 from minipaged.attention import batched, reference
+from minipaged.attention.batched import BatchPlan
 from minipaged.attention.metadata import PagedMetadata
 
 BACKENDS = ("reference", "torch", "triton", "auto")
@@ -60,12 +62,12 @@ class ReferenceBackend:
     def plan(self, meta: PagedMetadata, block_size: int) -> None:
         return None
 
-    def prefill(self, q, k_cache, v_cache, meta: PagedMetadata, plan: None) -> torch.Tensor:
+    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: None) -> Tensor:
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens
         )
 
-    def decode(self, q, k_cache, v_cache, meta: PagedMetadata, plan: None) -> torch.Tensor:
+    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: None) -> Tensor:
         return reference.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
 
 
@@ -76,15 +78,15 @@ class TorchBackend:
     name = "torch"
     store_kvcache = staticmethod(batched.store_kvcache)
 
-    def plan(self, meta: PagedMetadata, block_size: int) -> batched.BatchPlan:
+    def plan(self, meta: PagedMetadata, block_size: int) -> BatchPlan:
         return batched.plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, block_size)
 
-    def prefill(self, q, k_cache, v_cache, meta: PagedMetadata, plan: batched.BatchPlan) -> torch.Tensor:
+    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: BatchPlan) -> Tensor:
         return batched.paged_prefill_attention(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, plan=plan
         )
 
-    def decode(self, q, k_cache, v_cache, meta: PagedMetadata, plan: batched.BatchPlan) -> torch.Tensor:
+    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: BatchPlan) -> Tensor:
         return batched.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, plan=plan)
 
 

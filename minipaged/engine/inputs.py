@@ -11,6 +11,7 @@ import numbers
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -29,10 +30,10 @@ def _is_token_ids(p: object) -> bool:
 def as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
     """One prompt or a list of them -> a list of prompts."""
     if isinstance(prompts, str) or _is_token_ids(prompts):
-        return [prompts]
+        return [cast(Prompt, prompts)]
     if isinstance(prompts, (np.ndarray, torch.Tensor)):
         raise ValueError(f"a prompt array must be 1-D token ids, got shape {tuple(prompts.shape)}")
-    return list(prompts)
+    return list(cast(Seq[Prompt], prompts))
 
 
 def as_params_list(params: SamplingParams | Seq[SamplingParams] | None, num_prompts: int) -> list[SamplingParams]:
@@ -45,7 +46,7 @@ def as_params_list(params: SamplingParams | Seq[SamplingParams] | None, num_prom
     return params
 
 
-def encode(prompt: Prompt, index: int, tokenizer) -> tuple[str | None, list[int]]:
+def encode(prompt: Prompt, index: int, tokenizer: Any) -> tuple[str | None, list[int]]:
     """-> (the text, or None for token ids; the ids). A text prompt needs a tokenizer."""
     if isinstance(prompt, str):
         if tokenizer is None:
@@ -122,7 +123,7 @@ def check_request(ids: list[int], params: SamplingParams | BeamSearchParams, ind
     else:
         if params.stop and not limits.has_tokenizer:
             raise ValueError(f"prompt {index}: stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        bad = [t for t in params.stop_token_ids if t >= limits.vocab_size]
+        bad = [t for t in params.stop_token_ids or () if t >= limits.vocab_size]
         if bad:
             raise ValueError(f"prompt {index}: stop_token_ids outside the vocabulary [0, {limits.vocab_size}): {bad}")
     # The last sampled token is never stored: a sequence holds at most total - 1 tokens of K/V.

@@ -135,7 +135,7 @@ class PagedKVManager:
         """Blocks the unit's step takes from ``pool``: growth, plus a copy for each member that
         writes into a block it shares. Of ``k`` members sharing one block that nobody else holds,
         ``k - 1`` copy it; the last finds it its own."""
-        grow, writers = 0, Counter()
+        grow, writers = 0, Counter[int]()
         for seq, n in zip(unit, plan):
             if n == 0:
                 continue

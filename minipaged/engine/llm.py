@@ -17,6 +17,7 @@ import itertools
 import logging
 from collections.abc import Sequence as Seq
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -54,7 +55,7 @@ class LLM:
         *,
         dtype: torch.dtype | str = torch.float32,
         device: str | torch.device | None = None,
-        **engine_args,
+        **engine_args: Any,
     ) -> None:
         cfg = EngineConfig(**engine_args)  # every argument checked before the model is loaded
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -65,10 +65,12 @@ class ModelRunner:
 
     def run(self, batch: ScheduledBatch) -> SamplerOutput:
         """Move the blocks the batch asks for, then forward and sample every sampling row."""
-        if batch.blocks_to_swap_out:  # before anything can overwrite the freed device blocks
-            self.kv_cache.copy_blocks(batch.blocks_to_swap_out, into=self.host_cache)
-        if batch.blocks_to_swap_in:
-            self.host_cache.copy_blocks(batch.blocks_to_swap_in, into=self.kv_cache)
+        if batch.blocks_to_swap_out or batch.blocks_to_swap_in:
+            assert self.host_cache is not None, "swapping needs the host pool of preemption_mode='swap'"
+            if batch.blocks_to_swap_out:  # before anything can overwrite the freed device blocks
+                self.kv_cache.copy_blocks(batch.blocks_to_swap_out, into=self.host_cache)
+            if batch.blocks_to_swap_in:
+                self.host_cache.copy_blocks(batch.blocks_to_swap_in, into=self.kv_cache)
         if batch.blocks_to_copy:
             self.kv_cache.copy_blocks(batch.blocks_to_copy)
         if not batch.seqs:
@@ -79,18 +81,20 @@ class ModelRunner:
         """One token per sampling row, ``logits[row]`` drawn with that sequence's params and
         generator (forked samples share their parent's row); a beam's candidates instead."""
         out = SamplerOutput()
-        draws = [(i, r, s) for i, (r, s) in enumerate(batch.samples) if isinstance(s.params, SamplingParams)]
-        beams = [(i, r, s) for i, (r, s) in enumerate(batch.samples) if not isinstance(s.params, SamplingParams)]
+        draws: list[tuple[int, int, SamplingParams, torch.Generator | None]] = []
+        beams: list[tuple[int, int, int]] = []  # (sample, row, candidates wanted)
+        for i, (row, seq) in enumerate(batch.samples):
+            if isinstance(seq.params, SamplingParams):
+                draws.append((i, row, seq.params, seq.generator))
+            else:
+                beams.append((i, row, 2 * seq.params.beam_width))
         if draws:
-            rows = [r for _, r, _ in draws]
+            rows = [r for _, r, _, _ in draws]
             picked = logits if rows == list(range(len(logits))) else logits[rows]  # often every row
-            params = [s.params for _, _, s in draws]
-            out.token_ids = sample(picked, params, [s.generator for _, _, s in draws])  # type: ignore[misc]
+            out.token_ids = sample(picked, [p for _, _, p, _ in draws], [g for _, _, _, g in draws])
         if beams:
-            widths = [2 * s.params.beam_width for _, _, s in beams]
-            cands = top_logprobs(logits[[r for _, r, _ in beams]], max(widths))
-            out.candidates = {i: c[:k] for (i, _, _), c, k in zip(beams, cands, widths)}
-        if beams:  # token_ids stays indexed like batch.samples
-            tokens = iter(out.token_ids)
-            out.token_ids = [-1 if not isinstance(s.params, SamplingParams) else next(tokens) for _, s in batch.samples]
+            cands = top_logprobs(logits[[r for _, r, _ in beams]], max(k for _, _, k in beams))
+            out.candidates = {i: c[:k] for (i, _, k), c in zip(beams, cands)}
+            drawn = iter(out.token_ids)  # token_ids stays indexed like batch.samples (-1: a beam's row)
+            out.token_ids = [-1 if i in out.candidates else next(drawn) for i in range(len(batch.samples))]
         return out

@@ -19,7 +19,7 @@ def _check_int(name: str, value: object, lowest: int, highest: int | None = None
     # bool is an int subclass in Python, but True as a count is a bug, not a request.
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < lowest or (highest is not None and value > highest):
+    if int(value) < lowest or (highest is not None and int(value) > highest):
         bounds = f">= {lowest}" if highest is None else f"in [{lowest}, {highest}]"
         raise ValueError(f"{name} must be {bounds}, got {value}")
 

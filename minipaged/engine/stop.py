@@ -27,11 +27,11 @@ class StopChecker:
         """The finish reason once ``seq``'s last token is appended, or None to go on."""
         params = seq.params
         assert isinstance(params, SamplingParams)
-        token = seq.token_ids[-1]
-        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
-            seq.stop_reason = None if token in self.eos_token_ids and token not in params.stop_token_ids else token
+        token, stop_ids = seq.token_ids[-1], params.stop_token_ids or ()
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in stop_ids:
+            seq.stop_reason = token if token in stop_ids else None  # vLLM: None for the model's own EOS
             return "stop"
-        if params.stop and self._stop_string(seq, params.stop):
+        if params.stop and self._stop_string(seq, tuple(params.stop)):
             return "stop"
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
             return "length"

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import torch
+from torch import Tensor
 
 from minipaged.attention.metadata import PagedMetadata
 from minipaged.kernels.paged_attention import paged_decode_attention, paged_prefill_attention
@@ -19,10 +19,10 @@ class TritonBackend:
     def plan(self, meta: PagedMetadata, block_size: int) -> int:
         return meta.max_q_len
 
-    def prefill(self, q, k_cache, v_cache, meta: PagedMetadata, plan: int) -> torch.Tensor:
+    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: int) -> Tensor:
         return paged_prefill_attention(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, max_q_len=plan
         )
 
-    def decode(self, q, k_cache, v_cache, meta: PagedMetadata, plan: int) -> torch.Tensor:
+    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: int) -> Tensor:
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
