@@ -118,6 +118,24 @@ def test_same_links(pair):
     assert a == b, f"only in English: {sorted(a - b)}\nonly in Chinese: {sorted(b - a)}"
 
 
+CHINESE_PAGES = [p for p in sorted(ZH.rglob("*.md")) if p != ZH / "README.md"]  # the index links both
+
+
+@pytest.mark.parametrize("page", CHINESE_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_chinese_pages_link_chinese_pages(page):
+    """A Chinese page links the Chinese version of a page wherever there is one (its own English original aside)."""
+    english = DOCS / page.relative_to(ZH)
+    wrong = []
+    for target in LINK.findall(_prose(page.read_text(encoding="utf-8"))):
+        if SCHEME.match(target) or target.startswith("#"):
+            continue
+        resolved = (page.parent / target.split("#")[0]).resolve()
+        if resolved != english and DOCS in resolved.parents and ZH not in resolved.parents:
+            if (ZH / resolved.relative_to(DOCS)).exists():
+                wrong.append(target)
+    assert not wrong, f"{page.name} links English pages that have a Chinese version: {wrong}"
+
+
 def test_the_checks_catch_drift(tmp_path):
     """The rules above on a made-up pair: every kind of difference is reported, and rewording is not."""
     en = "# Title\n\n## Part\n\nIt holds `x` in 4096 slots: 66.0%. See [stage 0](stage0.md) and [中文](zh/a.md).\n"
