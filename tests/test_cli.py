@@ -117,7 +117,7 @@ def test_eval_reports_exact_completions(capsys):
 
 @pytest.mark.parametrize("command", ["demo", "eval", "animate", "course", "slides"])
 def test_every_option_and_argument_says_what_it_is(command, capsys):
-    """No bare option in ``--help``: each is followed by its help text (argparse prints it on the same line or the next)."""
+    """No bare option in ``--help``: each has a help text (argparse prints it on the same line or the next)."""
     _, out, _ = run_main([command, "--help"], capsys)
     body = out.split("options:", 1)[1] if "options:" in out else out
     args = out.split("positional arguments:", 1)[1].split("options:")[0] if "positional arguments:" in out else ""
