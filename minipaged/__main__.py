@@ -26,8 +26,8 @@ def demo(args: argparse.Namespace) -> None:
     prompts = [task.prompt_for(t, preamble if i % 2 == 0 else "") for i, t in enumerate(texts)]
     llm = LLM(block_size=16, num_kvcache_blocks=args.num_blocks, max_num_seqs=8, enable_prefix_caching=True)
     print(
-        "The embedded model (2 layers, 2M parameters, shipped in the package) has learnt one task: copy the text "
-        "between <copy> and <end>, whatever comes before it. [ok ] means it copied exactly.\n"
+        "The embedded model (2 layers, 2M parameters, shipped in the package) has learnt one task:\n"
+        "copy the text between <copy> and <end>, whatever comes before it. [ok ] means it copied exactly.\n"
     )
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
     ok = 0
