@@ -135,7 +135,7 @@ class LLM:
         s = self.scheduler
         swapped = [q for unit in s.swapped for q in unit]
         return take_snapshot(
-            self._step - 1, batch, outputs, s.running, list(s.waiting), swapped, self.kv_manager.pool_view()
+            self._step, batch, outputs, s.running, list(s.waiting), swapped, self.kv_manager.pool_view()
         )
 
     def _step_once(self) -> tuple[ScheduledBatch, list[Sequence]]:
