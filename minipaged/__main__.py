@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--out", required=True, help="the file to write: .gif, or .html (self-contained, plays offline)")
     a.add_argument("--fps", type=float, default=1.5, help="frames (engine steps) per second")
     a.add_argument("--max-frames", type=int, default=None, help="stop after this many frames")
+    a.add_argument("--dpi", type=int, default=100, help="pixels per inch: 100 makes 1280 x 800 frames")
     args = p.parse_args(argv)
     if args.cmd == "demo":
         demo(args)
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "animate":
         from minipaged.viz import animate
 
-        animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames)
+        animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
     else:
         importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
 

@@ -1,35 +1,26 @@
 """What each engine step did, read off two consecutive ``StepSnapshot``s: the data behind an animation.
 
-A :class:`~minipaged.engine.llm.StepSnapshot` tells what a step scheduled and the state it left
-(block tables, per-block ``ref_cnt`` and ``cached`` flags). Comparing it with the snapshot before
-names the events a learner should see:
+A ``StepSnapshot`` tells what a step scheduled and the state it left (block tables, per-block
+``ref_cnt`` and ``cached``). Comparing it with the snapshot before names the events a learner
+should see: a **prefix hit** (a newly admitted sequence whose first blocks came from the prefix
+cache), **growth** (blocks appended to a table), **copy-on-write** (a table entry replaced by a new
+block: the sequence wrote into a block it shared), a **fork** (a new sequence starting with its
+parent's table, ``SamplingParams(n > 1)``), an **eviction** (a block holding a cached prefix handed
+out again), **preemption**, **finishing** and the blocks they **freed**.
 
-- a **prefix hit**: a newly admitted sequence whose first blocks came from the prefix cache;
-- **growth**: blocks appended to a table; **copy-on-write**: a table entry replaced by a new block
-  (the sequence wrote into a block it shared with a forked sibling, so it got its own copy);
-- a **fork**: a new sequence that starts with its parent's table (``SamplingParams(n > 1)``);
-- an **eviction**: a block that held a cached prefix was handed out again, so its cached content
-  is gone (the least recently freed cached block goes first);
-- **preemption**, **finishing** and the blocks they **freed** (``ref_cnt`` back to 0).
-
-:func:`build_frames` turns a list of snapshots into :class:`Frame`s (events, a one-line caption,
-running totals) and names and colours every sequence so no two sequences alive at once share a
-colour. :func:`prefix_frames` and :func:`engine_frames` run the two scripted scenarios of
-``python -m minipaged animate``. Drawing lives in :mod:`minipaged.viz.animate`; this module is
-plain data, so tests assert on it without looking at pixels.
+:func:`build_frames` turns snapshots into a :class:`Movie` (events, a caption, running totals per
+frame; a name and a colour per sequence). :func:`run_scenario` records the two scripted runs of
+``python -m minipaged animate``. Drawing lives in :mod:`minipaged.viz.animate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from minipaged.viz.palette import SEQUENCE_COLORS, Ink, inks_over_time, owner_inks
-
-if TYPE_CHECKING:
-    from minipaged import StepSnapshot
+from minipaged.viz.scheduler import seq_names
 
 
 @dataclass
@@ -49,15 +40,22 @@ class StepEvents:
     finished: list[int] = field(default_factory=list)
     freed: list[int] = field(default_factory=list)  # blocks whose ref_cnt fell to 0
 
+    def tags(self) -> dict[int, str]:
+        """Block -> the word an animation writes on it."""
+        out = {b: "hit" for bs in self.hits.values() for b in bs} | {b: "new" for bs in self.grown.values() for b in bs}
+        out |= {new: f"copy\nof {old}" for _, old, new in self.cow}
+        return out | dict.fromkeys(self.evicted, "evicted") | dict.fromkeys(self.freed, "freed")
+
 
 @dataclass
 class Frame:
-    """One animation frame: a step's snapshot, what changed, and the caption that says so."""
+    """One animation frame: a step's snapshot, what changed, the caption that says so, running totals
+    (``prefix_hit_tokens``, ``cow_copies``, ``evictions``, ``preemptions``)."""
 
-    snapshot: StepSnapshot
+    snapshot: object
     events: StepEvents
     caption: str
-    totals: dict[str, int]  # running totals: prefix_hit_tokens, cow_copies, evictions, preemptions
+    totals: dict[str, int]
 
 
 @dataclass
@@ -74,8 +72,7 @@ class Movie:
 
     def head(self, max_frames: int | None) -> Movie:
         """The first ``max_frames`` frames (all when None), for short previews and fast tests."""
-        frames = self.frames if max_frames is None else self.frames[:max_frames]
-        return dataclasses.replace(self, frames=frames)
+        return dataclasses.replace(self, frames=self.frames if max_frames is None else self.frames[:max_frames])
 
 
 def request_letter(request_id: int) -> str:
@@ -83,32 +80,18 @@ def request_letter(request_id: int) -> str:
     return chr(ord("A") + request_id) if request_id < 26 else f"R{request_id}"
 
 
-def seq_names(snapshots: Sequence[StepSnapshot], request_name: Callable[[int], str] = request_letter) -> dict[int, str]:
-    """seq_id -> ``A`` for a request's first sequence, ``A.1``, ``A.2`` for its forked samples."""
-    request: dict[int, int] = {}
-    for snap in snapshots:
-        for d in snap.scheduled:
-            request.setdefault(d["seq_id"], d["request_id"])
-    names, seen = {}, {}
-    for seq_id in sorted(request):
-        k = seen[request[seq_id]] = seen.get(request[seq_id], -1) + 1
-        names[seq_id] = request_name(request[seq_id]) + (f".{k}" if k else "")
-    return names
+def _live(snap) -> list[int]:
+    return list(dict.fromkeys([*snap.running, *snap.waiting]))
 
 
-def _live(snap: StepSnapshot) -> list[int]:
-    return list(snap.running) + [s for s in snap.waiting if s not in snap.running]
-
-
-def step_events(prev: StepSnapshot | None, snap: StepSnapshot, block_size: int) -> StepEvents:
+def step_events(prev, snap, block_size: int) -> StepEvents:
     """Compare snapshot ``snap`` with the one before it (``prev``; None before the first step)."""
     prev_tables = prev.block_tables if prev else {}
     prev_cached = prev.cached if prev else [False] * len(snap.cached)
     prev_ref = prev.ref_cnt if prev else [0] * len(snap.ref_cnt)
-    prev_live = set(_live(prev)) if prev else set()
     scheduled = {d["seq_id"]: d for d in snap.scheduled}
     ev = StepEvents(preempted=list(snap.preempted))
-    ev.arrived = [s for s in _live(snap) if s not in prev_live]
+    ev.arrived = [s for s in _live(snap) if s not in (_live(prev) if prev else [])]
     allocated: list[int] = []
     for seq, table in snap.block_tables.items():
         if seq not in prev_tables and seq not in scheduled:  # a new table nobody computed for: a fork
@@ -120,25 +103,18 @@ def step_events(prev: StepSnapshot | None, snap: StepSnapshot, block_size: int) 
         old = prev_tables.get(seq, [])
         if seq not in prev_tables:
             ev.admitted.append(seq)
-            work = scheduled[seq]
-            # a newly admitted sequence's prefix hit: what was in the cache before its first step
-            n_hit = work["num_computed_tokens"] // block_size if work["kind"] == "prefill" else 0
-            if n_hit:
-                ev.hits[seq] = table[:n_hit]
-                ev.revived += [b for b in table[:n_hit] if prev_ref[b] == 0 and b not in ev.revived]
-            old = table[:n_hit]
-        for a, b in zip(old, table):
-            if a != b:
-                ev.cow.append((seq, a, b))
-                allocated.append(b)
+            work = scheduled[seq]  # a newly admitted sequence's prefix hit: what was cached before its first step
+            old = table[: work["num_computed_tokens"] // block_size if work["kind"] == "prefill" else 0]
+            if old:
+                ev.hits[seq] = old
+                ev.revived += [b for b in old if prev_ref[b] == 0 and b not in ev.revived]
+        ev.cow += [(seq, a, b) for a, b in zip(old, table) if a != b]
+        allocated += [b for a, b in zip(old, table) if a != b] + table[len(old) :]
         if table[len(old) :]:
             ev.grown[seq] = table[len(old) :]
-            allocated += table[len(old) :]
-    gone = [s for s in prev_tables if s not in snap.block_tables and s not in snap.preempted]
-    ev.finished = gone
-    ev.evicted = sorted(
-        {b for b in allocated if prev_cached[b]} | {b for b, c in enumerate(snap.cached) if prev_cached[b] and not c}
-    )
+    ev.finished = [s for s in prev_tables if s not in snap.block_tables and s not in snap.preempted]
+    lost = {b for b, c in enumerate(snap.cached) if prev_cached[b] and not c}
+    ev.evicted = sorted({b for b in allocated if prev_cached[b]} | lost)
     ev.freed = [b for b, r in enumerate(snap.ref_cnt) if prev_ref[b] > 0 and r == 0]
     return ev
 
@@ -147,32 +123,25 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _freed_by(ev: StepEvents, prev_tables: dict[int, list[int]], seqs: Sequence[int]) -> list[int]:
-    """The blocks of ``seqs`` (as they were before the step) that this step freed."""
-    mine = {b for s in seqs for b in prev_tables.get(s, [])}
-    return [b for b in ev.freed if b in mine]
-
-
 def _blocks(ids: Sequence[int]) -> str:
     return ("block " if len(ids) == 1 else "blocks ") + ", ".join(map(str, ids))
 
 
-def caption(
-    prev: StepSnapshot | None, snap: StepSnapshot, ev: StepEvents, names: dict[int, str], block_size: int
-) -> str:
+def caption(prev, snap, ev: StepEvents, names: dict[int, str], block_size: int) -> str:
     """One clause per event, in the order the step did them; a plain summary when nothing special happened."""
-    prev_tables = prev.block_tables if prev else {}
+    before = prev.block_tables if prev else {}
 
     def nm(seq: int) -> str:
         return names.get(seq, f"seq {seq}")
 
-    parts = []
-    for seq in ev.preempted:
-        n = len(_freed_by(ev, prev_tables, [seq]))
-        parts.append(
-            f"the pool is full: {nm(seq)}, the newest running sequence, is preempted and gives back "
-            f"{_plural(n, 'block')}; it will be recomputed later"
-        )
+    def freed_by(seqs: Sequence[int]) -> list[int]:
+        return [b for b in ev.freed if any(b in before.get(s, []) for s in seqs)]
+
+    parts = [
+        f"the pool is full: {nm(s)}, the newest running sequence, is preempted and gives back "
+        f"{_plural(len(freed_by([s])), 'block')}; it will be recomputed later"
+        for s in ev.preempted
+    ]
     for seq, old, new in ev.cow:
         keep = [nm(s) for s, t in snap.block_tables.items() if old in t]
         parts.append(
@@ -180,42 +149,33 @@ def caption(
             f"block {new}" + (f"; {', '.join(keep)} keeps block {old}" if keep else "")
         )
     for seq in ev.admitted:
-        hit = ev.hits.get(seq, [])
-        d = next(d for d in snap.scheduled if d["seq_id"] == seq)
-        what = (
-            f"{nm(seq)} arrives and is admitted"
-            if seq in ev.arrived
-            else f"{nm(seq)} resumes after preemption"
-            if seq in ev.resumed
-            else f"{nm(seq)} is admitted"
+        hit, work = ev.hits.get(seq, []), next(d for d in snap.scheduled if d["seq_id"] == seq)
+        how = "is admitted" if seq not in ev.arrived else "arrives and is admitted"
+        how = "resumes after preemption" if seq in ev.resumed else how
+        revived = " from the free queue" if set(hit) <= set(ev.revived) else ""
+        what = f"{nm(seq)} {how}" + (
+            f": {len(hit)} cached blocks hit{revived} ({len(hit) * block_size} tokens)," if hit else ":"
         )
-        if hit:
-            revived = " from the free queue" if set(hit) <= set(ev.revived) else ""
-            what += f": {len(hit)} cached blocks hit{revived} ({len(hit) * block_size} tokens),"
-        else:
-            what += ":"
-        parts.append(f"{what} {'recomputes' if seq in ev.resumed else 'prefills'} {d['num_tokens']} tokens")
-    arrived = [nm(s) for s in ev.arrived if s not in ev.admitted]
-    if arrived:
-        parts.append(f"{', '.join(arrived)} {'arrives' if len(arrived) == 1 else 'arrive'} and waits")
+        parts.append(f"{what} {'recomputes' if seq in ev.resumed else 'prefills'} {work['num_tokens']} tokens")
+    waiting = [nm(s) for s in ev.arrived if s not in ev.admitted]
+    if waiting:
+        parts.append(f"{', '.join(waiting)} {'arrives' if len(waiting) == 1 else 'arrive'} and waits")
     takers = {b: s for s, bs in ev.grown.items() for b in bs} | {new: s for s, _, new in ev.cow}
     for seq in dict.fromkeys(takers[b] for b in ev.evicted if b in takers):
         mine = [b for b in ev.evicted if takers.get(b) == seq]
         parts.append(
             f"{nm(seq)} needs {_plural(len(mine), 'block')}: {_blocks(mine)}, least recently freed, "
-            f"evicted from the prefix cache"
+            "evicted from the prefix cache"
         )
-    for parent, child in ev.forked:
-        shared = len(snap.block_tables[child])
-        parts.append(f"{nm(parent)} forks {nm(child)}: both share its {shared} blocks")
-    chunks = [d for d in snap.scheduled if d["kind"] == "prefill" and d["seq_id"] not in ev.admitted]
+    parts += [f"{nm(p)} forks {nm(c)}: both share its {len(snap.block_tables[c])} blocks" for p, c in ev.forked]
     parts += [
         f"{nm(d['seq_id'])} prefills {d['num_tokens']} more tokens (chunked prefill: "
         f"{snap.num_tokens.get(d['seq_id'], 0)} in cache)"
-        for d in chunks
+        for d in snap.scheduled
+        if d["kind"] == "prefill" and d["seq_id"] not in ev.admitted
     ]
     if ev.finished:
-        freed = _freed_by(ev, prev_tables, ev.finished)
+        freed = freed_by(ev.finished)
         kept = sum(snap.cached[b] for b in freed)
         parts.append(
             f"{', '.join(nm(s) for s in ev.finished)} finished: {_plural(len(freed), 'block')} freed"
@@ -223,13 +183,8 @@ def caption(
         )
     decodes = sum(d["kind"] == "decode" for d in snap.scheduled)
     if not parts:
-        parts.append(
-            f"{decodes} sequences decode one token each"
-            if decodes > 1
-            else "1 sequence decodes one token"
-            if decodes
-            else "nothing to run"
-        )
+        one = f"{_plural(decodes, 'sequence')} decode{'s' * (decodes == 1)} one token" + " each" * (decodes > 1)
+        parts.append(one if decodes else "nothing to run")
     for seq, blocks in ev.grown.items():
         if seq not in ev.admitted and not any(b in takers and b in ev.evicted for b in blocks):
             parts.append(f"{nm(seq)}'s table grows by {_blocks(blocks)}")
@@ -237,12 +192,7 @@ def caption(
 
 
 def build_frames(
-    snapshots: Sequence[StepSnapshot],
-    block_size: int,
-    num_blocks: int,
-    title: str = "",
-    names: dict[int, str] | None = None,
-    token_budget: int | None = None,
+    snapshots: Sequence, block_size: int, num_blocks: int, title: str = "", names=None, token_budget=None
 ) -> Movie:
     """A :class:`Movie` with one frame per snapshot (paged cache only: snapshots need ``ref_cnt``).
 
@@ -250,7 +200,7 @@ def build_frames(
     ``snaps`` are what ``llm.step()`` returned, every one from the first step on (a run watched
     from the middle works too; its first frame simply finds its sequences already there).
     """
-    names = dict(names or seq_names(snapshots))
+    names = dict(names or seq_names(snapshots, request_letter))
     for snap in snapshots:  # sequences never scheduled in these snapshots keep their id
         for s in [*_live(snap), *snap.block_tables]:
             names.setdefault(s, f"seq {s}")
@@ -272,97 +222,52 @@ def build_frames(
     # A colour of its own for each sequence (A blue, B orange, ...) while there are enough; past
     # that, colours are reused, never by two sequences alive at once.
     inks = owner_inks(everyone) if len(everyone) <= len(SEQUENCE_COLORS) else inks_over_time(alive)
-    return Movie(
-        title, frames, names, {s: inks[n] for s, n in names.items() if n in inks}, block_size, num_blocks, token_budget
-    )
-
-
-# -- the two scripted runs ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Arrival:
-    """A request added before engine step ``step + 1`` (idle stretches are skipped)."""
-
-    step: int
-    text: str
-    preamble: str = ""
-    n: int = 1
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """An engine configuration (``LLM`` keyword arguments) and the requests that arrive while it runs."""
-
-    title: str
-    engine: dict
-    arrivals: list[Arrival] = field(default_factory=list)
-    max_tokens: int = 32
+    inks = {s: inks[n] for s, n in names.items() if n in inks}
+    return Movie(title, frames, names, inks, block_size, num_blocks, token_budget)
 
 
 SYSTEM = "You are a careful copy machine. "  # 32 characters: 4 full blocks of 8 tokens
+# name -> (title, LLM keyword arguments, requests added before a step: (step, text, preamble, samples)).
 SCENARIOS = {
     # Four requests share a preamble; C samples twice (a fork, then copy-on-write); D, with another
     # preamble, takes the last never-used blocks, so later growth evicts cached blocks (least
     # recently freed first); E, after everyone else sharing it is gone, still finds the preamble cached.
-    "prefix": Scenario(
+    "prefix": (
         "Prefix caching: shared blocks, copy-on-write, LRU eviction",
         dict(
             block_size=8, num_kvcache_blocks=16, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
         ),
-        [
-            Arrival(0, "kv cache", SYSTEM),
-            Arrival(2, "paged blocks", SYSTEM),
-            Arrival(4, "fork me", SYSTEM, n=2),
-            Arrival(9, "eviction", "Say it back: "),
-            Arrival(16, "lru", SYSTEM),
-        ],
+        [(0, "kv cache", SYSTEM, 1), (2, "paged blocks", SYSTEM, 1), (4, "fork me", SYSTEM, 2)]
+        + [(9, "eviction", "Say it back: ", 1), (16, "lru", SYSTEM, 1)],
     ),
     # Five requests on a small pool with a 16-token budget: prompts are prefilled in chunks, tables
     # grow as tokens are decoded, the newest sequence is preempted when the pool runs dry.
-    "engine": Scenario(
+    "engine": (
         "Continuous batching: chunked prefill, growing tables, preemption",
         dict(block_size=8, num_kvcache_blocks=12, max_num_seqs=4, max_num_batched_tokens=16),
-        [
-            Arrival(0, "continuous batching"),
-            Arrival(0, "pages"),
-            Arrival(2, "chunked prefill splits", "long prompt: "),
-            Arrival(5, "preempt me"),
-            Arrival(8, "done"),
-        ],
+        [(0, "continuous batching", "", 1), (0, "pages", "", 1), (2, "chunked prefill splits", "long prompt: ", 1)]
+        + [(5, "preempt me", "", 1), (8, "done", "", 1)],
     ),
 }
 
 
-def run_scenario(scenario: Scenario, max_steps: int = 200) -> Movie:
-    """Run the embedded model through ``scenario`` and turn its snapshots into a :class:`Movie`."""
+def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movie:
+    """Run the embedded model through ``SCENARIOS[which]``, one ``LLM.step()`` per frame.
+
+    Requests are added before the step their arrival names (idle stretches are skipped); every
+    snapshot is kept, then turned into a :class:`Movie` by :func:`build_frames`.
+    """
     from minipaged import LLM, SamplingParams
     from minipaged.tiny.task import prompt_for
 
-    llm = LLM(**scenario.engine)
-    pending = sorted(scenario.arrivals, key=lambda a: a.step)
+    title, engine, arrivals = SCENARIOS[which]
+    llm, pending = LLM(**engine), sorted(arrivals, key=lambda a: a[0])
     snapshots, skipped = [], 0
     while (pending or llm.has_unfinished_requests()) and len(snapshots) < max_steps:
         if not llm.has_unfinished_requests():  # idle until the next arrival: skip the empty steps
-            skipped = pending[0].step - len(snapshots)
-        while pending and pending[0].step - skipped <= len(snapshots):
-            a = pending.pop(0)
-            llm.add_request(
-                prompt_for(a.text, a.preamble), SamplingParams(temperature=0, max_tokens=scenario.max_tokens, n=a.n)
-            )
+            skipped = pending[0][0] - len(snapshots)
+        while pending and pending[0][0] - skipped <= len(snapshots):
+            _, text, preamble, n = pending.pop(0)
+            llm.add_request(prompt_for(text, preamble), SamplingParams(temperature=0, max_tokens=max_tokens, n=n))
         snapshots.append(llm.step())
-    return build_frames(
-        snapshots,
-        llm.block_size,
-        llm.num_blocks,
-        scenario.title,
-        token_budget=scenario.engine["max_num_batched_tokens"],
-    )
-
-
-def prefix_frames(max_steps: int = 200) -> Movie:
-    """The ``prefix`` run: sharing a preamble, a fork with copy-on-write, eviction, a hit after eviction."""
-    return run_scenario(SCENARIOS["prefix"], max_steps)
-
-
-def engine_frames(max_steps: int = 200) -> Movie:
-    """The ``engine`` run: arrivals, chunked prefill, block tables growing, preemption and resumption."""
-    return run_scenario(SCENARIOS["engine"], max_steps)
+    return build_frames(snapshots, llm.block_size, llm.num_blocks, title, None, engine["max_num_batched_tokens"])

@@ -16,8 +16,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
-from minipaged.viz.palette import EMPTY_HATCH, FREE, WASTE, owner_inks, series_color
-from minipaged.viz.style import FONT_SIZE, SMALL, new_figure
+from minipaged.viz.palette import EMPTY_HATCH, FREE, WASTE, Ink, owner_inks, series_color
+from minipaged.viz.style import FONT_SIZE, SMALL, box, new_figure
 
 
 @dataclass
@@ -49,9 +49,12 @@ class MemoryMap:
             if start > cursor:
                 holes.append((cursor, start - cursor))
             cursor = max(cursor, start + size)
-        if cursor < self.num_slots:
-            holes.append((cursor, self.num_slots - cursor))
-        return holes
+        return holes + ([(cursor, self.num_slots - cursor)] if cursor < self.num_slots else [])
+
+
+def _reservation(ax, x: float, y: float, size: int, used: int, ink: Ink, h: float, lw: float) -> None:
+    """Solid where slots hold tokens, white and hatched in the owner's colour where reserved but empty."""
+    box(ax, (x, y, size, h), ink, used / size if size else 0, ec="black", lw=lw, hatch=EMPTY_HATCH)
 
 
 def draw_memory_map(
@@ -81,64 +84,32 @@ def draw_memory_map(
     fig, ax = new_figure(width, 2.8)
     inks = owner_inks(memory.reservations)
     for owner, (start, size) in memory.reservations.items():
-        n_used, ink = memory.tokens(owner), inks[owner]
-        if n_used:
-            ax.add_patch(
-                Rectangle(
-                    (start, 0), n_used, 1, facecolor=ink.color, hatch=ink.hatch, edgecolor="black", lw=0.8, gid="used"
-                )
-            )
-        if size > n_used:
-            ax.add_patch(
-                Rectangle(
-                    (start + n_used, 0),
-                    size - n_used,
-                    1,
-                    facecolor="white",
-                    edgecolor=ink.color,
-                    hatch=EMPTY_HATCH,
-                    lw=0.8,
-                    gid="empty",
-                )
-            )
-        ax.add_patch(Rectangle((start, 0), size, 1, fill=False, edgecolor="black", lw=1.5))
+        _reservation(ax, start, 0, size, memory.tokens(owner), inks[owner], 1, 1.5)
         if size >= label_min_frac * total:
             ax.text(start + size / 2, 1.12, str(owner), ha="center", va="bottom", fontsize=FONT_SIZE - 2)
     holes = memory.holes()
     for start, size in holes:
-        ax.add_patch(Rectangle((start, 0), size, 1, facecolor=FREE, edgecolor=WASTE, lw=0.8, gid="hole"))
-    ax.set_xlim(0, total)
-    ax.set_ylim(0, 1.6)
-    ax.set_yticks([])
+        ax.add_patch(Rectangle((start, 0), size, 1, fc=FREE, ec=WASTE, lw=0.8, gid="hole"))
+    ax.set(xlim=(0, total), ylim=(0, 1.6), yticks=[], xlabel="slot address")
     ax.spines["left"].set_visible(False)
-    ax.set_xlabel("slot address")
     reserved = sum(size for _, size in memory.reservations.values())
     n_used = sum(memory.tokens(o) for o in memory.reservations)
-    largest = max((size for _, size in holes), default=0)
     summary = (
         f"{len(memory.reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
-        f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {largest})"
+        f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {max((s for _, s in holes), default=0)})"
     )
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
-    ax.legend(
-        handles=[
-            Patch(facecolor="#777777", edgecolor="black", label="holds tokens (owner's colour)"),
-            Patch(facecolor="white", edgecolor="#777777", hatch=EMPTY_HATCH, label="reserved, empty"),
-            Patch(facecolor=FREE, edgecolor=WASTE, label="free hole"),
-        ],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.45),
-        ncols=3,
-        frameon=False,
-    )
+    handles = [
+        Patch(fc="#777777", ec="black", label="holds tokens (owner's colour)"),
+        Patch(fc="white", ec="#777777", hatch=EMPTY_HATCH, label="reserved, empty"),
+        Patch(fc=FREE, ec=WASTE, label="free hole"),
+    ]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=3, frameon=False)
     return fig
 
 
 def draw_waste(
-    reserved: Mapping[Hashable, int],
-    used: Mapping[Hashable, int],
-    title: str | None = None,
-    unit: str = "slots",
+    reserved: Mapping[Hashable, int], used: Mapping[Hashable, int], title: str | None = None, unit: str = "slots"
 ) -> Figure:
     """One bar per owner: the slots it holds tokens in (solid) and the rest of its memory (hatched).
 
@@ -151,37 +122,21 @@ def draw_waste(
         raise ValueError("nothing to draw: no owners")
     fig, ax = new_figure(10, 0.55 * len(owners) + 1.8)
     inks = owner_inks(owners)
+    fills = {o: max(0, min(int(used.get(o, 0)), int(reserved[o]))) for o in owners}
     for row, owner in enumerate(owners):
-        size, n_used = int(reserved[owner]), max(0, min(int(used.get(owner, 0)), int(reserved[owner])))
-        y, ink = len(owners) - 1 - row, inks[owner]
-        ax.add_patch(
-            Rectangle(
-                (0, y - 0.35), n_used, 0.7, facecolor=ink.color, hatch=ink.hatch, edgecolor="black", lw=0.8, gid="used"
-            )
+        size, y = int(reserved[owner]), len(owners) - 1 - row
+        _reservation(ax, 0, y - 0.35, size, fills[owner], inks[owner], 0.7, 0.8)
+        ax.text(
+            size,
+            y,
+            f" {100 * (1 - fills[owner] / size) if size else 0:.0f}% empty",
+            va="center",
+            fontsize=FONT_SIZE - 2,
         )
-        if size > n_used:
-            ax.add_patch(
-                Rectangle(
-                    (n_used, y - 0.35),
-                    size - n_used,
-                    0.7,
-                    facecolor="white",
-                    edgecolor=ink.color,
-                    hatch=EMPTY_HATCH,
-                    lw=0.8,
-                    gid="empty",
-                )
-            )
-        pct = 0.0 if size == 0 else 100 * (1 - n_used / size)
-        ax.text(size, y, f" {pct:.0f}% empty", va="center", fontsize=FONT_SIZE - 2)
     ax.set_yticks(range(len(owners)), [str(o) for o in reversed(owners)])
-    ax.set_ylim(-0.7, len(owners) - 0.3)
-    ax.set_xlim(0, max(int(v) for v in reserved.values()) * 1.2 or 1)
-    ax.set_xlabel(unit)
-    total = sum(int(v) for v in reserved.values())
-    total_used = sum(max(0, min(int(used.get(o, 0)), int(reserved[o]))) for o in owners)
-    waste = 0.0 if total == 0 else 100 * (1 - total_used / total)
-    summary = f"{total_used}/{total} {unit} hold tokens: {waste:.1f}% wasted"
+    ax.set(ylim=(-0.7, len(owners) - 0.3), xlim=(0, max(int(v) for v in reserved.values()) * 1.2 or 1), xlabel=unit)
+    total, total_used = sum(int(v) for v in reserved.values()), sum(fills.values())
+    summary = f"{total_used}/{total} {unit} hold tokens: {100 * (1 - total_used / total) if total else 0:.1f}% wasted"
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
     return fig
 
@@ -209,23 +164,20 @@ def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str
     handles = []
     for name, series in systems.items():
         label = f"{name}, {result['reserve']}" if name == "contiguous" and "reserve" in result else name
-        color, ls = series_color(label), LINESTYLES.get(label, LINESTYLES.get(name, "-"))
+        style = dict(color=series_color(label), linestyle=LINESTYLES.get(label, LINESTYLES.get(name, "-")))
         x = range(len(series["admitted"]))  # each replay runs until its own last request is done
-        axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, color=color, linestyle=ls)
-        axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, color=color, linestyle=":")
-        axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, color=color, linestyle=ls)
-        axes[2].plot(x, series["admitted"], lw=2.2, label=label, color=color, linestyle=ls)
-        handles.append(Line2D([], [], color=color, linestyle=ls, lw=2.5, label=label))
+        axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, **style)
+        axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, color=style["color"], linestyle=":")
+        axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, **style)
+        axes[2].plot(x, series["admitted"], lw=2.2, label=label, **style)
+        handles.append(Line2D([], [], lw=2.5, label=label, **style))
     handles += [
         Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"),
         Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated"),
     ]
-    axes[0].set_ylabel("% of KV memory" if num_slots else "slots")
-    axes[0].set_ylim(bottom=0)
-    axes[1].set_ylabel("external\nfragmentation %")
-    axes[1].set_ylim(-3, 103)
-    axes[2].set_ylabel("requests\nadmitted")
-    axes[2].set_xlabel("step")
+    axes[0].set(ylabel="% of KV memory" if num_slots else "slots", ylim=(0, None))
+    axes[1].set(ylabel="external\nfragmentation %", ylim=(-3, 103))
+    axes[2].set(ylabel="requests\nadmitted", xlabel="step")
     fig.legend(handles=handles, loc="outside right upper", frameon=False, fontsize=SMALL + 2)
     axes[0].set_title(title or "The same trace, the same memory", loc="left")
     return fig

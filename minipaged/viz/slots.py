@@ -17,7 +17,6 @@ from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from minipaged.viz.palette import FREE, MUTED, WASTE, owner_color, text_color
 from minipaged.viz.style import SMALL, new_figure
 
-PAD_COLOR = WASTE
 BLOCK_GAP = 0.7  # horizontal gap between two blocks of slots, in slot widths
 
 
@@ -30,6 +29,10 @@ def _name(i: int, seq_names: Sequence[str] | None) -> str:
 def _slot_x(slot: int, block_size: int) -> float:
     """Left edge of a slot's box: blocks are drawn side by side with a gap between them."""
     return (slot // block_size) * (block_size + BLOCK_GAP) + slot % block_size
+
+
+def _legend(seqs, seq_names: Sequence[str] | None) -> list[Patch]:
+    return [Patch(fc=owner_color(q), label=f"seq {_name(q, seq_names)}") for q in sorted(seqs)]
 
 
 def draw_slot_mapping(
@@ -50,7 +53,7 @@ def draw_slot_mapping(
     filled: slot -> sequence index of slots that already hold earlier tokens (drawn pale).
 
     Artists: one ``FancyArrowPatch`` per real token (none for padding); one ``Rectangle`` per
-    token and per slot.
+    token, per slot and per block outline.
     """
     slots = [int(s) for s in slot_mapping]
     if len(token_seq) != len(slots):
@@ -61,81 +64,48 @@ def draw_slot_mapping(
     filled = dict(filled or {})
     width = _slot_x(num_slots - 1, block_size) + 1
     fig, ax = new_figure(max(8.0, 0.42 * width + 1.5), 4.6)
-
-    # Bottom row: the pool's slots, grouped by block.
     y_slot, y_tok, h = 0.0, 2.6, 0.8
+
+    # Bottom row: the pool's slots, grouped by block; written now in the writer's colour, earlier ones pale.
     writer = {s: token_seq[i] for i, s in enumerate(slots) if s >= 0}
     for s in range(num_slots):
         x = _slot_x(s, block_size)
-        if s in writer:
-            face, alpha = owner_color(writer[s]), 1.0
-        elif s in filled:
-            face, alpha = owner_color(filled[s]), 0.35
-        else:
-            face, alpha = "white", 1.0
-        ax.add_patch(Rectangle((x + 0.05, y_slot), 0.9, h, facecolor=face, alpha=alpha, edgecolor="#555555", lw=1))
-        ax.text(
-            x + 0.5,
-            y_slot + h / 2,
-            str(s),
-            ha="center",
-            va="center",
-            fontsize=SMALL + 1,
-            color=text_color(face) if s in writer else "black",
-        )
+        face = owner_color(writer[s]) if s in writer else owner_color(filled[s]) if s in filled else "white"
+        alpha = 0.35 if s in filled and s not in writer else 1.0
+        ax.add_patch(Rectangle((x + 0.05, y_slot), 0.9, h, fc=face, alpha=alpha, ec="#555555", lw=1))
+        color = text_color(face) if s in writer else "black"
+        ax.text(x + 0.5, y_slot + h / 2, str(s), ha="center", va="center", fontsize=SMALL + 1, color=color)
     for b in range(num_blocks):
         x0 = _slot_x(b * block_size, block_size)
-        ax.add_patch(
-            Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False, edgecolor="black", lw=1.8)
-        )
+        ax.add_patch(Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False, ec="black", lw=1.8))
         ax.text(x0 + block_size / 2, y_slot - 0.3, f"block {b}", ha="center", va="top", fontsize=SMALL + 2)
 
-    # Top row: the batch's tokens, packed in order, one gap between sequences.
-    xs: list[float] = []
-    x = 0.0
-    for i in range(len(slots)):
-        if i and (slots[i] < 0) != (slots[i - 1] < 0) or i and slots[i] >= 0 and token_seq[i] != token_seq[i - 1]:
+    # Top row: the batch's tokens, packed in order, one gap between sequences (and around padding).
+    xs, x = [], 0.0
+    for i, s in enumerate(slots):
+        if i and ((s < 0) != (slots[i - 1] < 0) or s >= 0 and token_seq[i] != token_seq[i - 1]):
             x += BLOCK_GAP
         xs.append(x)
         x += 1
     scale = min(1.0, width / x) if x else 1.0
-    offset = (width - x * scale) / 2
-    tw = 0.9 * scale
+    offset, tw = (width - x * scale) / 2, 0.9 * scale
     pad_runs: list[list[float]] = []  # x of the first and last padding token of each run
     for i, s in enumerate(slots):
         tx = offset + xs[i] * scale
         if s < 0:
-            ax.add_patch(Rectangle((tx, y_tok), tw, h, facecolor=PAD_COLOR, edgecolor="#555555", hatch="//", lw=1))
+            ax.add_patch(Rectangle((tx, y_tok), tw, h, fc=WASTE, ec="#555555", hatch="//", lw=1))
             if i and slots[i - 1] < 0:
                 pad_runs[-1][1] = tx + tw
             else:
                 pad_runs.append([tx, tx + tw])
             continue
-        seq = token_seq[i]
-        color = owner_color(seq)
-        ax.add_patch(Rectangle((tx, y_tok), tw, h, facecolor=color, edgecolor="black", lw=1))
-        label = _name(seq, seq_names) + ("" if token_pos is None else str(token_pos[i]))
-        ax.text(
-            tx + tw / 2,
-            y_tok + h / 2,
-            label,
-            ha="center",
-            va="center",
-            fontsize=SMALL + 1 if scale > 0.7 else SMALL,
-            color=text_color(color),
-        )
-        ax.add_patch(
-            FancyArrowPatch(
-                (tx + tw / 2, y_tok - 0.02),
-                (_slot_x(s, block_size) + 0.5, y_slot + h + 0.1),
-                arrowstyle="-|>",
-                mutation_scale=12,
-                color=color,
-                lw=1.4,
-                alpha=0.85,
-            )
-        )
-
+        color = owner_color(token_seq[i])
+        ax.add_patch(Rectangle((tx, y_tok), tw, h, fc=color, ec="black", lw=1))
+        label = _name(token_seq[i], seq_names) + ("" if token_pos is None else str(token_pos[i]))
+        size = SMALL + 1 if scale > 0.7 else SMALL
+        ax.text(tx + tw / 2, y_tok + h / 2, label, ha="center", va="center", fontsize=size, color=text_color(color))
+        ends = (tx + tw / 2, y_tok - 0.02), (_slot_x(s, block_size) + 0.5, y_slot + h + 0.1)
+        ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=12, color=color, lw=1.4, alpha=0.85))
     for lo, hi in pad_runs:  # one label per run of padding, not one per token
         ax.text(
             (lo + hi) / 2,
@@ -148,13 +118,11 @@ def draw_slot_mapping(
         )
     ax.text(-0.4, y_tok + h / 2, "new\ntokens", ha="right", va="center", fontsize=12)
     ax.text(-0.4, y_slot + h / 2, "pool\nslots", ha="right", va="center", fontsize=12)
-    seqs = sorted({token_seq[i] for i, s in enumerate(slots) if s >= 0} | set(filled.values()))
-    handles = [Patch(facecolor=owner_color(q), label=f"seq {_name(q, seq_names)}") for q in seqs]
-    if any(s < 0 for s in slots):
-        handles.append(Patch(facecolor=PAD_COLOR, hatch="//", label="padding (slot -1)"))
+    handles = _legend({token_seq[i] for i, s in enumerate(slots) if s >= 0} | set(filled.values()), seq_names)
+    if pad_runs:
+        handles.append(Patch(fc=WASTE, hatch="//", label="padding (slot -1)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(handles), frameon=False)
-    ax.set_xlim(-1.6, width + 0.2)
-    ax.set_ylim(-0.9, y_tok + h + (0.6 if pad_runs else 0.2))
+    ax.set(xlim=(-1.6, width + 0.2), ylim=(-0.9, y_tok + h + (0.6 if pad_runs else 0.2)))
     ax.set_axis_off()
     ax.set_title(title or f"slot = block_id * {block_size} + offset")
     return fig
@@ -177,47 +145,31 @@ def draw_pool_fill(
     if not frames:
         raise ValueError("draw_pool_fill needs at least one frame")
     n = len(frames)
-    fig, axes = new_figure(
-        max(6.0, n * (0.38 * block_size + 1.0)) + 0.5, 0.38 * num_blocks + 2.2, ncols=n, squeeze=False
-    )
-    axes = axes[0]
+    width = max(6.0, n * (0.38 * block_size + 1.0)) + 0.5
+    fig, axes = new_figure(width, 0.38 * num_blocks + 2.2, ncols=n, squeeze=False)
     prev: dict[int, int] = {}
     seqs: set[int] = set()
-    for ax, (label, tables, num_tokens) in zip(axes, frames, strict=True):
-        owner: dict[int, tuple[int, int]] = {}  # slot -> (sequence, position)
+    for ax, (label, tables, num_tokens) in zip(axes[0], frames, strict=True):
+        owner: dict[int, int] = {}  # slot -> sequence
         for i, (table, ntok) in enumerate(zip(tables, num_tokens, strict=True)):
             if ntok > len(table) * block_size:
                 raise ValueError(f"sequence {i} holds {ntok} tokens but has only {len(table)} blocks")
-            for pos in range(ntok):
-                owner[table[pos // block_size] * block_size + pos % block_size] = (i, pos)
+            owner.update({table[p // block_size] * block_size + p % block_size: i for p in range(ntok)})
             seqs.add(i)
-        for b in range(num_blocks):
-            for o in range(block_size):
-                s = b * block_size + o
-                y = num_blocks - 1 - b
-                if s in owner:
-                    seq = owner[s][0]
-                    ax.add_patch(Rectangle((o, y), 1, 1, facecolor=owner_color(seq), edgecolor="white", lw=1))
-                    if prev.get(s) != seq:  # written since the previous frame: outline on top
-                        ax.add_patch(
-                            Rectangle((o + 0.08, y + 0.08), 0.84, 0.84, fill=False, edgecolor="black", lw=2.5, zorder=3)
-                        )
-                else:
-                    ax.add_patch(Rectangle((o, y), 1, 1, facecolor=FREE, edgecolor="white", lw=1))
-        ax.set_xlim(0, block_size)
-        ax.set_ylim(0, num_blocks)
-        ax.set_aspect("equal")
+        for s in range(num_blocks * block_size):
+            x, y = s % block_size, num_blocks - 1 - s // block_size
+            ax.add_patch(Rectangle((x, y), 1, 1, fc=owner_color(owner[s]) if s in owner else FREE, ec="white", lw=1))
+            if s in owner and prev.get(s) != owner[s]:  # written since the previous frame: outline on top
+                ax.add_patch(Rectangle((x + 0.08, y + 0.08), 0.84, 0.84, fill=False, ec="black", lw=2.5, zorder=3))
+        ax.set(xlim=(0, block_size), ylim=(0, num_blocks), aspect="equal", xticks=[])
         ax.set_yticks(
-            [num_blocks - 1 - b + 0.5 for b in range(num_blocks)], [str(b) for b in range(num_blocks)], fontsize=12
+            [num_blocks - 0.5 - b for b in range(num_blocks)], [str(b) for b in range(num_blocks)], fontsize=12
         )
-        ax.set_xticks([])
         ax.tick_params(length=0)
-        for side in ("left", "bottom"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["left", "bottom"]].set_visible(False)
         ax.set_title(label, fontsize=12)
-        prev = {s: seq for s, (seq, _) in owner.items()}
-    axes[0].set_ylabel("physical block")
-    handles = [Patch(facecolor=owner_color(i), label=f"seq {_name(i, seq_names)}") for i in sorted(seqs)]
-    handles.append(Patch(facecolor="white", edgecolor="black", lw=2.5, label="written this step"))
+        prev = owner
+    axes[0, 0].set_ylabel("physical block")
+    handles = [*_legend(seqs, seq_names), Patch(fc="white", ec="black", lw=2.5, label="written this step")]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
     return fig
