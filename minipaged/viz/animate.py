@@ -1,33 +1,276 @@
 """Animations for slides: a real engine run, one frame per step, played by matplotlib's ``FuncAnimation``.
 
-A scripted run of the embedded model is recorded once (:func:`prefix_frames`, :func:`engine_frames`:
-every ``StepSnapshot``, with what each step did, :mod:`minipaged.viz.frames`); frame ``k`` is then a
-pure function of snapshot ``k``: :func:`draw_frame`, the stage 5 step picture
-(:func:`~minipaged.viz.scheduler.draw_step`) with the step's caption, its events written on the
-blocks (``hit``, ``new``, ``copy of 3``, ``evicted``, ``freed``) and running totals.
-:func:`animation` hands that function to ``FuncAnimation``; :func:`render` saves it as a GIF
-(``PillowWriter``) or as a page that plays offline (``to_jshtml``)::
+A scripted run of the embedded model (:data:`SCENARIOS`) is recorded once: every ``StepSnapshot``,
+with what each step did, read off two consecutive snapshots (:class:`StepEvents`: prefix hits,
+tables growing, copy-on-write, forks, evictions of cached blocks, preemption, blocks freed), a
+caption saying so and running totals (:func:`build_frames` -> :class:`Movie`). Frame ``k`` is then a
+pure function of snapshot ``k`` (:func:`draw_frame`: the stage 5 step picture with the caption and
+the events written on the blocks). :func:`render` saves the ``FuncAnimation`` as a GIF
+(``PillowWriter``) or as a page that plays offline (``to_jshtml``); in a notebook, :func:`player` is a
+Play button and a slider::
 
     python -m minipaged animate prefix --out prefix.gif     # shared preamble, fork, copy-on-write, LRU eviction
     python -m minipaged animate engine --out engine.html    # arrivals, chunked prefill, growth, preemption
-
-In a notebook: ``movie = animate.prefix_frames()``, then ``animate.player(movie)`` (a Play button and
-a step slider, frames drawn as they are first shown) or ``animate.inline_html(movie)`` (the player
-as a cell output that plays without a kernel). Frames are 1280 x 800 pixels at 100 dpi.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import io
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.figure import Figure
 
-from minipaged.viz.frames import SCENARIOS, Movie, run_scenario
-from minipaged.viz.scheduler import draw_step
+from minipaged.viz.palette import SEQUENCE_COLORS, Ink, inks_over_time, owner_inks
+from minipaged.viz.scheduler import draw_step, seq_names
+
+
+@dataclass
+class StepEvents:
+    """What one step changed. Sequence ids throughout; blocks are physical block ids."""
+
+    arrived: list[int] = field(default_factory=list)  # first seen this step (waiting or running)
+    admitted: list[int] = field(default_factory=list)  # started (or, after preemption, restarted) running
+    resumed: list[int] = field(default_factory=list)  # the admitted ones that had been preempted before
+    hits: dict[int, list[int]] = field(default_factory=dict)  # seq -> blocks shared from the prefix cache
+    revived: list[int] = field(default_factory=list)  # hit blocks nobody used before (taken off the free queue)
+    grown: dict[int, list[int]] = field(default_factory=dict)  # seq -> new blocks appended to its table
+    cow: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, shared block, its new copy)
+    forked: list[tuple[int, int]] = field(default_factory=list)  # (parent, child)
+    evicted: list[int] = field(default_factory=list)  # cached blocks handed out again
+    preempted: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    freed: list[int] = field(default_factory=list)  # blocks whose ref_cnt fell to 0
+
+    def tags(self) -> dict[int, str]:
+        """Block -> the word an animation writes on it."""
+        out = {b: "hit" for bs in self.hits.values() for b in bs} | {b: "new" for bs in self.grown.values() for b in bs}
+        out |= {new: f"copy\nof {old}" for _, old, new in self.cow}
+        return out | dict.fromkeys(self.evicted, "evicted") | dict.fromkeys(self.freed, "freed")
+
+
+@dataclass
+class Frame:
+    """One animation frame: a step's snapshot, what changed, the caption that says so, running totals
+    (``prefix_hit_tokens``, ``cow_copies``, ``evictions``, ``preemptions``)."""
+
+    snapshot: object
+    events: StepEvents
+    caption: str
+    totals: dict[str, int]
+
+
+@dataclass
+class Movie:
+    """Frames plus what every frame shares: sequence names and colours, pool geometry."""
+
+    title: str
+    frames: list[Frame]
+    names: dict[int, str]
+    inks: dict[int, Ink]  # seq_id -> colour (and hatch), never shared by two sequences alive at once
+    block_size: int
+    num_blocks: int
+    token_budget: int | None = None  # the engine's max_num_batched_tokens, when known
+
+    def head(self, max_frames: int | None) -> Movie:
+        """The first ``max_frames`` frames (all when None), for short previews and fast tests."""
+        return dataclasses.replace(self, frames=self.frames if max_frames is None else self.frames[:max_frames])
+
+
+def _live(snap) -> list[int]:
+    return list(dict.fromkeys([*snap.running, *snap.waiting]))
+
+
+def step_events(prev, snap, block_size: int) -> StepEvents:
+    """Compare snapshot ``snap`` with the one before it (``prev``; None before the first step)."""
+    prev_tables = prev.block_tables if prev else {}
+    prev_cached = prev.cached if prev else [False] * len(snap.cached)
+    prev_ref = prev.ref_cnt if prev else [0] * len(snap.ref_cnt)
+    scheduled = {d["seq_id"]: d for d in snap.scheduled}
+    ev = StepEvents(preempted=list(snap.preempted))
+    ev.arrived = [s for s in _live(snap) if s not in (_live(prev) if prev else [])]
+    allocated: list[int] = []
+    for seq, table in snap.block_tables.items():
+        if seq not in prev_tables and seq not in scheduled:  # a new table nobody computed for: a fork
+            parent = next((p for p, t in snap.block_tables.items() if p != seq and p in scheduled and t == table), None)
+            if parent is not None:  # (None: a run watched from the middle, this sequence was there before)
+                ev.forked.append((parent, seq))
+                ev.arrived = [s for s in ev.arrived if s != seq]
+            continue
+        old = prev_tables.get(seq, [])
+        if seq not in prev_tables:
+            ev.admitted.append(seq)
+            work = scheduled[seq]  # a newly admitted sequence's prefix hit: what was cached before its first step
+            old = table[: work["num_computed_tokens"] // block_size if work["kind"] == "prefill" else 0]
+            if old:
+                ev.hits[seq] = old
+                ev.revived += [b for b in old if prev_ref[b] == 0 and b not in ev.revived]
+        ev.cow += [(seq, a, b) for a, b in zip(old, table) if a != b]
+        allocated += [b for a, b in zip(old, table) if a != b] + table[len(old) :]
+        if table[len(old) :]:
+            ev.grown[seq] = table[len(old) :]
+    ev.finished = [s for s in prev_tables if s not in snap.block_tables and s not in snap.preempted]
+    lost = {b for b, c in enumerate(snap.cached) if prev_cached[b] and not c}
+    ev.evicted = sorted({b for b in allocated if prev_cached[b]} | lost)
+    ev.freed = [b for b, r in enumerate(snap.ref_cnt) if prev_ref[b] > 0 and r == 0]
+    return ev
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _blocks(ids: Sequence[int]) -> str:
+    return ("block " if len(ids) == 1 else "blocks ") + ", ".join(map(str, ids))
+
+
+def caption(prev, snap, ev: StepEvents, names: dict[int, str], block_size: int) -> str:
+    """One clause per event, in the order the step did them; a plain summary when nothing special happened."""
+    before = prev.block_tables if prev else {}
+
+    def nm(seq: int) -> str:
+        return names.get(seq, f"seq {seq}")
+
+    def freed_by(seqs: Sequence[int]) -> list[int]:
+        return [b for b in ev.freed if any(b in before.get(s, []) for s in seqs)]
+
+    parts = [
+        f"the pool is full: {nm(s)}, the newest running sequence, is preempted and gives back "
+        f"{_plural(len(freed_by([s])), 'block')}; it will be recomputed later"
+        for s in ev.preempted
+    ]
+    for seq, old, new in ev.cow:
+        keep = [nm(s) for s, t in snap.block_tables.items() if old in t]
+        parts.append(
+            f"copy-on-write: {nm(seq)} writes into block {old}, which it shares, so it gets its own copy, "
+            f"block {new}" + (f"; {', '.join(keep)} keeps block {old}" if keep else "")
+        )
+    for seq in ev.admitted:
+        hit, work = ev.hits.get(seq, []), next(d for d in snap.scheduled if d["seq_id"] == seq)
+        how = "is admitted" if seq not in ev.arrived else "arrives and is admitted"
+        how = "resumes after preemption" if seq in ev.resumed else how
+        revived = " from the free queue" if set(hit) <= set(ev.revived) else ""
+        what = f"{nm(seq)} {how}" + (
+            f": {len(hit)} cached blocks hit{revived} ({len(hit) * block_size} tokens)," if hit else ":"
+        )
+        parts.append(f"{what} {'recomputes' if seq in ev.resumed else 'prefills'} {work['num_tokens']} tokens")
+    waiting = [nm(s) for s in ev.arrived if s not in ev.admitted]
+    if waiting:
+        parts.append(f"{', '.join(waiting)} {'arrives' if len(waiting) == 1 else 'arrive'} and waits")
+    takers = {b: s for s, bs in ev.grown.items() for b in bs} | {new: s for s, _, new in ev.cow}
+    for seq in dict.fromkeys(takers[b] for b in ev.evicted if b in takers):
+        mine = [b for b in ev.evicted if takers.get(b) == seq]
+        parts.append(
+            f"{nm(seq)} needs {_plural(len(mine), 'block')}: {_blocks(mine)}, least recently freed, "
+            "evicted from the prefix cache"
+        )
+    parts += [f"{nm(p)} forks {nm(c)}: both share its {len(snap.block_tables[c])} blocks" for p, c in ev.forked]
+    parts += [
+        f"{nm(d['seq_id'])} prefills {d['num_tokens']} more tokens (chunked prefill: "
+        f"{snap.num_tokens.get(d['seq_id'], 0)} in cache)"
+        for d in snap.scheduled
+        if d["kind"] == "prefill" and d["seq_id"] not in ev.admitted
+    ]
+    if ev.finished:
+        freed = freed_by(ev.finished)
+        kept = sum(snap.cached[b] for b in freed)
+        parts.append(
+            f"{', '.join(nm(s) for s in ev.finished)} finished: {_plural(len(freed), 'block')} freed"
+            + (f" ({kept} stay cached)" if kept else "")
+        )
+    decodes = sum(d["kind"] == "decode" for d in snap.scheduled)
+    if not parts:
+        one = f"{_plural(decodes, 'sequence')} decode{'s' * (decodes == 1)} one token" + " each" * (decodes > 1)
+        parts.append(one if decodes else "nothing to run")
+    for seq, blocks in ev.grown.items():
+        if seq not in ev.admitted and not any(b in takers and b in ev.evicted for b in blocks):
+            parts.append(f"{nm(seq)}'s table grows by {_blocks(blocks)}")
+    return f"step {snap.step}: " + "; ".join(parts)
+
+
+def build_frames(
+    snapshots: Sequence, block_size: int, num_blocks: int, title: str = "", names=None, token_budget=None
+) -> Movie:
+    """A :class:`Movie` with one frame per snapshot (paged cache only: snapshots need ``ref_cnt``).
+
+    For a run of your own: ``build_frames(snaps, llm.block_size, llm.num_blocks, "my run")``, where
+    ``snaps`` are what ``llm.step()`` returned, every one from the first step on (a run watched
+    from the middle works too; its first frame simply finds its sequences already there).
+    """
+    names = dict(names or seq_names(snapshots, lambda r: chr(ord("A") + r) if r < 26 else f"R{r}"))  # A, B, ...
+    for snap in snapshots:  # sequences never scheduled in these snapshots keep their id
+        for s in [*_live(snap), *snap.block_tables]:
+            names.setdefault(s, f"seq {s}")
+    totals = dict(prefix_hit_tokens=0, cow_copies=0, evictions=0, preemptions=0)
+    frames, prev, preempted = [], None, set()
+    for snap in snapshots:
+        ev = step_events(prev, snap, block_size)
+        ev.resumed = [s for s in ev.admitted if s in preempted]
+        preempted.update(ev.preempted)
+        now = (sum(map(len, ev.hits.values())) * block_size, len(ev.cow), len(ev.evicted), len(ev.preempted))
+        totals = {k: v + n for (k, v), n in zip(totals.items(), now)}
+        frames.append(Frame(snap, ev, caption(prev, snap, ev, names, block_size), totals))
+        prev = snap
+    alive = [[names[s] for s in _live(snap)] for snap in snapshots]
+    everyone = {n for a in alive for n in a}
+    # A colour of its own for each sequence (A blue, B orange, ...) while there are enough; past
+    # that, colours are reused, never by two sequences alive at once.
+    inks = owner_inks(everyone) if len(everyone) <= len(SEQUENCE_COLORS) else inks_over_time(alive)
+    inks = {s: inks[n] for s, n in names.items() if n in inks}
+    return Movie(title, frames, names, inks, block_size, num_blocks, token_budget)
+
+
+SYSTEM = "You are a careful copy machine. "  # 32 characters: 4 full blocks of 8 tokens
+# name -> (title, LLM keyword arguments, requests added before a step: (step, text, preamble, samples)).
+SCENARIOS = {
+    # Four requests share a preamble; C samples twice (a fork, then copy-on-write); D, with another
+    # preamble, takes the last never-used blocks, so later growth evicts cached blocks (least
+    # recently freed first); E, after everyone else sharing it is gone, still finds the preamble cached.
+    "prefix": (
+        "Prefix caching: shared blocks, copy-on-write, LRU eviction",
+        dict(
+            block_size=8, num_kvcache_blocks=16, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
+        ),
+        [(0, "kv cache", SYSTEM, 1), (2, "paged blocks", SYSTEM, 1), (4, "fork me", SYSTEM, 2)]
+        + [(9, "eviction", "Say it back: ", 1), (16, "lru", SYSTEM, 1)],
+    ),
+    # Five requests on a small pool with a 16-token budget: prompts are prefilled in chunks, tables
+    # grow as tokens are decoded, the newest sequence is preempted when the pool runs dry.
+    "engine": (
+        "Continuous batching: chunked prefill, growing tables, preemption",
+        dict(block_size=8, num_kvcache_blocks=12, max_num_seqs=4, max_num_batched_tokens=16),
+        [(0, "continuous batching", "", 1), (0, "pages", "", 1), (2, "chunked prefill splits", "long prompt: ", 1)]
+        + [(5, "preempt me", "", 1), (8, "done", "", 1)],
+    ),
+}
+
+
+def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movie:
+    """Run the embedded model through ``SCENARIOS[which]``, one ``LLM.step()`` per frame.
+
+    Requests are added before the step their arrival names (idle stretches are skipped); every
+    snapshot is kept, then turned into a :class:`Movie` by :func:`build_frames`.
+    """
+    from minipaged import LLM, SamplingParams
+    from minipaged.tiny.task import prompt_for
+
+    title, engine, arrivals = SCENARIOS[which]
+    llm, pending = LLM(**engine), sorted(arrivals, key=lambda a: a[0])
+    snapshots, skipped = [], 0
+    while (pending or llm.has_unfinished_requests()) and len(snapshots) < max_steps:
+        if not llm.has_unfinished_requests():  # idle until the next arrival: skip the empty steps
+            skipped = pending[0][0] - len(snapshots)
+        while pending and pending[0][0] - skipped <= len(snapshots):
+            _, text, preamble, n = pending.pop(0)
+            llm.add_request(prompt_for(text, preamble), SamplingParams(temperature=0, max_tokens=max_tokens, n=n))
+        snapshots.append(llm.step())
+    return build_frames(snapshots, llm.block_size, llm.num_blocks, title, None, engine["max_num_batched_tokens"])
+
 
 WIDTH, HEIGHT, DPI = 1280, 800, 100  # pixels of a frame at DPI
 FPS = 1.5  # engine steps per second: time to read a caption
@@ -84,7 +327,8 @@ def frame_png(movie: Movie, k: int, fig: Figure | None = None) -> bytes:
 
 
 def jshtml(movie: Movie, fps: float = FPS, dpi: int = DPI) -> str:
-    """``to_jshtml()``'s player (every frame a PNG inside the page), with its icons drawn without the internet."""
+    """``to_jshtml()``'s player, every frame a PNG inside it, its icons drawn without the internet: a page's
+    body, or a notebook output that plays without a kernel (``IPython.display.HTML(jshtml(movie))``)."""
     player = re.sub(r"<link[^>]*font-awesome[^>]*>", "", animation(movie, fps, dpi).to_jshtml(fps=fps))
     return f"<style>\n{OFFLINE_CSS}\n</style>\n{player}"
 
@@ -129,14 +373,6 @@ def player(movie: Movie):
     image = w.Image(value=png(0), format="png", layout=w.Layout(width="100%", max_width=f"{WIDTH}px"))
     slider.observe(lambda change: setattr(image, "value", png(change["new"])), names="value")
     return w.VBox([w.HBox([play, slider]), image])
-
-
-def inline_html(movie: Movie, fps: float = FPS):
-    """:func:`jshtml`'s player as a notebook output that plays without a kernel (all frames drawn now and
-    stored in the notebook: trim long movies with :meth:`~minipaged.viz.frames.Movie.head` first)."""
-    from IPython.display import HTML
-
-    return HTML(jshtml(movie, fps))
 
 
 def main(which: str, out: str | Path, fps: float = FPS, max_frames: int | None = None, dpi: int = DPI) -> Path:

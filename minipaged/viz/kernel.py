@@ -1,21 +1,7 @@
-"""Stage 4 pictures: how the Triton paged-attention kernel splits and walks its work.
-
-The numbers come from :mod:`minipaged.kernels.tiled` (the kernel's algorithm in torch); these
-functions only draw them (plain state in, ``Figure`` out, nothing shown):
-
-- :func:`draw_launch_grid`: the launch grid ``(num_seqs, num_kv_heads, num_q_tiles)``, one box
-  per program, saying which sequence, KV head (and its query-head group) and query tile it
-  owns; programs with no queries (past a short sequence's last tile) return at once;
-- :func:`draw_program_reads`: one program's walk over the context in KV tiles of ``block_n``
-  positions: which physical blocks of the pool it reads, at which loop step, through the block
-  table (:func:`~minipaged.kernels.tiled.program_reads`);
-- :func:`draw_online_softmax`: the running max and running sum updated tile by tile, and the
-  resulting probabilities against the full softmax
-  (:func:`~minipaged.kernels.tiled.online_softmax_trace`).
-
-Patches carry a ``gid`` (``"program"``, ``"idle"``, ``"logical"``, ``"slot"``, ``"read"``,
-``"score"``) so tests can count them; the arrows from logical to physical blocks are
-``ConnectionPatch`` artists of the figure. Loop step ``k`` takes the ``k``-th sequence colour.
+"""Stage 4 pictures: how the Triton paged-attention kernel splits and walks its work, drawn from the
+numbers of :mod:`minipaged.kernels.tiled` (the kernel's algorithm in torch). Loop step ``k`` takes the
+``k``-th sequence colour. Patches carry a ``gid`` (``"program"``, ``"idle"``, ``"logical"``,
+``"slot"``, ``"read"``, ``"score"``); arrows from logical to physical blocks are ``ConnectionPatch``es.
 """
 
 from __future__ import annotations
@@ -50,23 +36,19 @@ def draw_launch_grid(
 ) -> Figure:
     """One box per program of the grid ``(num_seqs, num_kv_heads, num_q_tiles)``.
 
-    Sequences (``program_id(0)``) are side by side, KV heads (``program_id(1)``) are rows, query
-    tiles (``program_id(2)``) are columns inside a sequence. ``q_lens`` (new query tokens per
-    sequence) and ``block_q`` (query tokens per tile) label each box with the query tokens it
-    owns (:func:`~minipaged.kernels.tiled.query_tile`); a tile with none is drawn hatched
-    grey: that program returns at once. ``group`` (query heads per KV head) adds the query heads
-    each row serves (GQA).
+    Sequences (``program_id(0)``) side by side, KV heads (``program_id(1)``) as rows, query tiles
+    (``program_id(2)``) as columns inside a sequence. With ``q_lens`` (new query tokens per sequence)
+    and ``block_q`` (tokens per tile) a box says which query tokens it owns
+    (:func:`~minipaged.kernels.tiled.query_tile`); one with none is hatched grey: it returns at once.
+    ``group`` (query heads per KV head) adds the query heads a row serves (GQA).
     """
-    if min(num_seqs, num_kv_heads, num_q_tiles) < 1:
-        raise ValueError("num_seqs, num_kv_heads and num_q_tiles must be >= 1")
+    if min(num_seqs, num_kv_heads, num_q_tiles, block_q) < 1:
+        raise ValueError("num_seqs, num_kv_heads, num_q_tiles and block_q must be >= 1")
     if q_lens is not None and len(q_lens) != num_seqs:
         raise ValueError(f"q_lens has {len(q_lens)} entries for {num_seqs} sequences")
-    if block_q < 1:
-        raise ValueError(f"block_q must be >= 1, got {block_q}")
     names = list(seq_names) if seq_names is not None else [f"seq {i}" for i in range(num_seqs)]
     cw, ch, gap = 1.6, 1.2, 0.5  # cell width / height, gap between sequences (data units)
-    seq_w = num_q_tiles * cw
-    total_w = num_seqs * seq_w + (num_seqs - 1) * gap
+    seq_w, total_w = num_q_tiles * cw, num_seqs * num_q_tiles * cw + (num_seqs - 1) * gap
     fig, ax = new_figure(0.75 * total_w + 2.0, max(3.4, 0.85 * num_kv_heads * ch + 2.4))
     idle_any = False
     for s in range(num_seqs):
@@ -92,8 +74,7 @@ def draw_launch_grid(
         label = names[s] + ("" if q_len is None else f"\nq_len {q_len}")
         ax.text(x0 + seq_w / 2, num_kv_heads * ch + 0.12, label, ha="center", va="bottom", fontsize=SMALL + 2)
     for h in range(num_kv_heads):
-        y = (num_kv_heads - 1 - h) * ch + ch / 2
-        ax.text(-0.15, y, f"KV head {h}", ha="right", va="center", fontsize=SMALL + 2)
+        ax.text(-0.15, (num_kv_heads - 0.5 - h) * ch, f"KV head {h}", ha="right", va="center", fontsize=SMALL + 2)
     handles = [Patch(fc=owner_color(0), ec="black", label="program (seq, KV head, q tile)")]
     if idle_any:
         handles.append(Patch(fc=WASTE, hatch="//", ec="#777777", label="no queries: returns"))
@@ -114,14 +95,13 @@ def draw_program_reads(
     kv_end: int | None = None,
     title: str | None = None,
 ) -> Figure:
-    """One program's walk over its sequence's K/V: left, the sequence in logical order (one row
-    per logical block, one cell per position, coloured by the loop step that reads it); right,
-    the physical pool (one row per block) with the slots read coloured the same way and each
-    read block labelled with its logical block and step(s); an arrow per logical block goes to
-    the physical block the table names. Positions are written in the cells of blocks of up to 8.
+    """One program's walk over its sequence's K/V, in KV tiles of ``block_n`` positions.
 
-    ``num_blocks`` is the pool size (default: just past the largest id used); ``kv_end`` as in
-    :func:`~minipaged.kernels.tiled.program_reads`. One outline (``"read"``) per physical block read.
+    Left, the sequence in logical order (a row per logical block, a cell per position, coloured by
+    the loop step that reads it); right, the pool of ``num_blocks`` (default: just past the largest id
+    used) with the slots read coloured the same way, each read block outlined and labelled with its
+    logical block and step(s); an arrow per logical block to the physical block the table names.
+    ``kv_end`` as in :func:`~minipaged.kernels.tiled.program_reads`.
     """
     steps = program_reads(block_table, context_len, block_size, block_n, kv_end)
     kv_end = context_len if kv_end is None else kv_end
@@ -133,10 +113,8 @@ def draw_program_reads(
     tiles = kv_tiles(kv_end, block_n)
     step_of = {pos: i for i, tile in enumerate(tiles) for pos in tile}  # position -> loop step
     height = max(n_logical, num_blocks)
-    ratios = [block_size + 0.2, block_size + 4.3]
-    fig, (ax_l, ax_p) = new_figure(
-        max(9.0, block_size + 8.0), 0.42 * height + 2.6, ncols=2, gridspec_kw=dict(width_ratios=ratios)
-    )
+    ratios = dict(width_ratios=[block_size + 0.2, block_size + 4.3])
+    fig, (ax_l, ax_p) = new_figure(max(9.0, block_size + 8.0), 0.42 * height + 2.6, ncols=2, gridspec_kw=ratios)
 
     def slot(ax, o: int, row: int, face: str, pos: int | None, gid: str) -> None:
         """The cell at offset ``o`` of row ``row``, labelled with the position it holds (small blocks only)."""
@@ -156,10 +134,9 @@ def draw_program_reads(
 
     # Right: the physical pool; a slot is coloured by the step that reads the position it holds.
     read_by: dict[int, tuple[set[int], set[int]]] = {}  # physical block -> (logical blocks, steps)
-    for step, reads in enumerate(steps):
-        for r in reads:
-            read_by.setdefault(r.physical, (set(), set()))[0].add(r.logical)
-            read_by[r.physical][1].add(step)
+    for step, r in ((step, r) for step, reads in enumerate(steps) for r in reads):
+        read_by.setdefault(r.physical, (set(), set()))[0].add(r.logical)
+        read_by[r.physical][1].add(step)
     slot_pos: dict[tuple[int, int], int] = {}  # (block, offset) -> the first position read from it
     for pos in sorted(step_of):
         slot_pos.setdefault((used[pos // block_size], pos % block_size), pos)
@@ -171,8 +148,11 @@ def draw_program_reads(
         ax_p.text(-0.2, y + 0.5, str(b), ha="right", va="center", fontsize=SMALL + 2)
         if b in read_by:
             ax_p.add_patch(Rectangle((0, y), block_size, 1, fill=False, ec="black", lw=2.2, zorder=3, gid="read"))
-            logicals, stps = read_by[b]
-            label = ",".join(f"L{lg}" for lg in sorted(logicals)) + "  step " + ",".join(map(str, sorted(stps)))
+            label = (
+                ",".join(f"L{lg}" for lg in sorted(read_by[b][0]))
+                + "  step "
+                + ",".join(map(str, sorted(read_by[b][1])))
+            )
             ax_p.text(block_size + 0.25, y + 0.5, label, ha="left", va="center", fontsize=SMALL + 1)
     ax_p.set_title(f"physical pool ({num_blocks} blocks x {block_size} slots)", fontsize=SMALL + 3)
     ax_p.text(-0.2, height + 0.15, "block", ha="right", va="bottom", fontsize=SMALL + 1)
@@ -194,16 +174,13 @@ def draw_program_reads(
 
 
 def draw_online_softmax(scores: Sequence[float] | torch.Tensor, block_n: int, title: str | None = None) -> Figure:
-    """Three stacked panels for one query row's ``scores`` walked in tiles of ``block_n`` keys:
+    """One query row's ``scores`` walked in tiles of ``block_n`` keys, in three panels (the numbers are
+    :func:`~minipaged.kernels.tiled.online_softmax_trace`'s):
 
-    1. the scores (bars coloured by tile) and the running max ``m`` after each tile (a step line);
-    2. the running sum ``l`` after each tile (``l = l * exp(m_old - m_new) + sum(exp(s - m_new))``),
-       with the full sum ``sum(exp(s - max(s)))`` dashed: the last tile lands on it;
+    1. the scores (a bar each, coloured by tile) and the running max ``m`` after each tile;
+    2. the running sum ``l = l * exp(m_old - m_new) + sum(exp(s - m_new))`` after each tile (a bar
+       each), the full sum ``sum(exp(s - max(s)))`` dashed: the last tile lands on it;
     3. the online probabilities ``exp(s - m) / l`` (bars) against the full softmax (dots).
-
-    The numbers are :func:`~minipaged.kernels.tiled.online_softmax_trace`'s. Artists:
-    ``len(scores)`` bars (``gid`` ``"score"``) in panel 1 and ``len(scores)`` in panel 3, one bar
-    per tile in panel 2.
     """
     tr = {k: v.tolist() for k, v in online_softmax_trace(scores, block_n).items()}
     s = torch.as_tensor(scores, dtype=torch.float64).reshape(-1)

@@ -1,9 +1,8 @@
 """Pictures of contiguous KV memory (stage 0) and of its waste, next to paged memory (stages 1-2).
 
-Every function takes plain state and returns a ``matplotlib.figure.Figure``; none of them shows
-it. :func:`draw_memory_map` draws a :class:`MemoryMap` (build one from an arena or a cache with
-:meth:`MemoryMap.from_arena` / :meth:`MemoryMap.from_cache`). Patches carry a ``gid``
-(``"used"``, ``"empty"``, ``"hole"``) so tests can count them.
+:func:`draw_memory_map` draws a :class:`MemoryMap` (from an arena or a contiguous cache),
+:func:`draw_waste` each owner's share of empty slots, :func:`draw_fragmentation` a replay of memory
+systems side by side. Patches carry a ``gid`` (``"used"``, ``"empty"``, ``"hole"``).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
-from minipaged.viz.palette import EMPTY_HATCH, FREE, WASTE, Ink, owner_inks, series_color
+from minipaged.viz.palette import EMPTY_HATCH, FREE, WASTE, owner_inks, series_color
 from minipaged.viz.style import FONT_SIZE, SMALL, box, new_figure
 
 
@@ -52,11 +51,6 @@ class MemoryMap:
         return holes + ([(cursor, self.num_slots - cursor)] if cursor < self.num_slots else [])
 
 
-def _reservation(ax, x: float, y: float, size: int, used: int, ink: Ink, h: float, lw: float) -> None:
-    """Solid where slots hold tokens, white and hatched in the owner's colour where reserved but empty."""
-    box(ax, (x, y, size, h), ink, used / size if size else 0, ec="black", lw=lw, hatch=EMPTY_HATCH)
-
-
 def draw_memory_map(
     memory: MemoryMap | FirstFitArena | ContiguousKVCache,
     num_slots: int | None = None,
@@ -67,12 +61,11 @@ def draw_memory_map(
 ) -> Figure:
     """The slot address space as one bar: each reservation in its owner's colour, holes in grey.
 
-    ``memory``: a :class:`MemoryMap`; an arena (with ``used``) or a contiguous cache is turned into
-    one by :meth:`MemoryMap.from_arena` / :meth:`MemoryMap.from_cache`. ``num_slots`` overrides the
-    length of the bar. A reservation's first ``used[owner]`` slots hold tokens (solid); the rest is
-    reserved but empty (hatched: internal waste). Holes between reservations are free (light
-    grey); when many small holes add up to more than the largest one, that is external
-    fragmentation. Owners are written on reservations wide enough (``label_min_frac`` of the bar).
+    ``memory``: a :class:`MemoryMap`, an arena (with ``used``) or a contiguous cache; ``num_slots``
+    overrides the length of the bar. A reservation's first ``used[owner]`` slots hold tokens (solid),
+    the rest is reserved but empty (hatched: internal waste). Holes are free (grey); many small holes
+    adding up to more than the largest one are external fragmentation. Owners are written on
+    reservations at least ``label_min_frac`` of the bar wide.
     """
     if isinstance(memory, ContiguousKVCache):
         memory = MemoryMap.from_cache(memory)
@@ -84,7 +77,8 @@ def draw_memory_map(
     fig, ax = new_figure(width, 2.8)
     inks = owner_inks(memory.reservations)
     for owner, (start, size) in memory.reservations.items():
-        _reservation(ax, start, 0, size, memory.tokens(owner), inks[owner], 1, 1.5)
+        full = memory.tokens(owner) / max(size, 1)  # solid; the rest hatched in the owner's colour: reserved, empty
+        box(ax, (start, 0, size, 1), inks[owner], full, ec="black", lw=1.5, hatch=EMPTY_HATCH)
         if size >= label_min_frac * total:
             ax.text(start + size / 2, 1.12, str(owner), ha="center", va="bottom", fontsize=FONT_SIZE - 2)
     holes = memory.holes()
@@ -94,16 +88,13 @@ def draw_memory_map(
     ax.spines["left"].set_visible(False)
     reserved = sum(size for _, size in memory.reservations.values())
     n_used = sum(memory.tokens(o) for o in memory.reservations)
-    summary = (
-        f"{len(memory.reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
-        f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {max((s for _, s in holes), default=0)})"
-    )
+    largest = max((size for _, size in holes), default=0)
+    summary = f"{len(memory.reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
+    summary += f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {largest})"
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
-    handles = [
-        Patch(fc="#777777", ec="black", label="holds tokens (owner's colour)"),
-        Patch(fc="white", ec="#777777", hatch=EMPTY_HATCH, label="reserved, empty"),
-        Patch(fc=FREE, ec=WASTE, label="free hole"),
-    ]
+    handles = [Patch(fc="#777777", ec="black", label="holds tokens (owner's colour)")]
+    handles += [Patch(fc="white", ec="#777777", hatch=EMPTY_HATCH, label="reserved, empty")]
+    handles += [Patch(fc=FREE, ec=WASTE, label="free hole")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=3, frameon=False)
     return fig
 
@@ -113,9 +104,8 @@ def draw_waste(
 ) -> Figure:
     """One bar per owner: the slots it holds tokens in (solid) and the rest of its memory (hatched).
 
-    ``reserved[owner]`` is what the owner was given (a ``max_seq_len`` reservation, or
-    ``len(blocks) * block_size`` for a paged sequence), ``used[owner]`` its tokens. The title
-    gives the total waste in percent.
+    ``reserved[owner]``: what it was given (a ``max_seq_len`` reservation, or ``len(blocks) *
+    block_size`` for a paged sequence); ``used[owner]``: its tokens. The title gives the total waste.
     """
     owners = list(reserved)
     if not owners:
@@ -125,14 +115,11 @@ def draw_waste(
     fills = {o: max(0, min(int(used.get(o, 0)), int(reserved[o]))) for o in owners}
     for row, owner in enumerate(owners):
         size, y = int(reserved[owner]), len(owners) - 1 - row
-        _reservation(ax, 0, y - 0.35, size, fills[owner], inks[owner], 0.7, 0.8)
-        ax.text(
-            size,
-            y,
-            f" {100 * (1 - fills[owner] / size) if size else 0:.0f}% empty",
-            va="center",
-            fontsize=FONT_SIZE - 2,
+        box(
+            ax, (0, y - 0.35, size, 0.7), inks[owner], fills[owner] / size if size else 0, ec="black", hatch=EMPTY_HATCH
         )
+        empty = 100 * (1 - fills[owner] / size) if size else 0
+        ax.text(size, y, f" {empty:.0f}% empty", va="center", fontsize=FONT_SIZE - 2)
     ax.set_yticks(range(len(owners)), [str(o) for o in reversed(owners)])
     ax.set(ylim=(-0.7, len(owners) - 0.3), xlim=(0, max(int(v) for v in reserved.values()) * 1.2 or 1), xlabel=unit)
     total, total_used = sum(int(v) for v in reserved.values()), sum(fills.values())
@@ -147,14 +134,12 @@ LINESTYLES = {"paged": "--", "contiguous, max_seq_len": "-", "contiguous, exact"
 def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str | None = None) -> Figure:
     """Memory systems side by side over one replay: memory holding tokens, external fragmentation, admissions.
 
-    ``result`` is the output of :func:`minipaged.sim.simulate_contiguous_vs_paged`, or any dict of
-    ``{label: series}`` with such series (e.g. two contiguous runs with different reservations);
-    ``"time"``, ``"totals"`` and ``"reserve"`` are not series. Each system keeps its colour in
-    every figure (:func:`~minipaged.viz.palette.series_color`): a bare ``"contiguous"`` is a
-    ``max_seq_len`` reservation unless ``result["reserve"]`` is ``"exact"``. Top: slots holding
-    tokens (thick) and allocated (dotted) per system, in percent of ``num_slots`` when given; the
-    gap between one system's two lines is its internal waste. Middle: the share of free memory
-    outside the largest hole (paged is 0 by construction). Bottom: requests admitted so far.
+    ``result``: :func:`minipaged.sim.simulate_contiguous_vs_paged`'s output, or any ``{label: series}``
+    with such series (``"time"``, ``"totals"``, ``"reserve"`` are not series). Each system keeps its
+    colour (:func:`~minipaged.viz.palette.series_color`; a bare ``"contiguous"`` reserves
+    ``max_seq_len`` unless ``result["reserve"]`` is ``"exact"``). Top: slots holding tokens (thick)
+    and allocated (dotted), in percent of ``num_slots`` when given: the gap is internal waste.
+    Middle: the share of free memory outside the largest hole. Bottom: requests admitted so far.
     """
     systems = {k: v for k, v in result.items() if k not in ("time", "totals", "reserve")}
     if not systems:
@@ -171,10 +156,8 @@ def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str
         axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, **style)
         axes[2].plot(x, series["admitted"], lw=2.2, label=label, **style)
         handles.append(Line2D([], [], lw=2.5, label=label, **style))
-    handles += [
-        Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"),
-        Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated"),
-    ]
+    handles.append(Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"))
+    handles.append(Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated"))
     axes[0].set(ylabel="% of KV memory" if num_slots else "slots", ylim=(0, None))
     axes[1].set(ylabel="external\nfragmentation %", ylim=(-3, 103))
     axes[2].set(ylabel="requests\nadmitted", xlabel="step")

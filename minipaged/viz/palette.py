@@ -1,18 +1,11 @@
-"""Every colour the pictures use, one name per meaning, so a colour means the same in every figure.
+"""Every colour the pictures use, one name per meaning, so that a colour means the same in every figure.
 
-- **memory systems**: paged memory is blue (:data:`PAGED`), a contiguous cache that reserves
-  ``max_seq_len`` orange (:data:`CONTIGUOUS_MAX`), one that reserves exactly prompt + output purple
-  (:data:`CONTIGUOUS_EXACT`); :func:`series_color` picks one from a label;
-- **blocks and slots**: free light grey, wasted slots mid grey, a block held by someone not drawn
-  darker grey, a *shared* block outlined in vermillion (:data:`SHARED`), a free block that still
-  holds a cached prefix pale blue and dotted;
-- **sequences** (:data:`SEQUENCE_COLORS`): the first sequence drawn (``A``, ``seq 0``) is blue, the
-  second orange, the third green, ... Okabe-Ito's colours (safe for common colour-vision
-  deficiencies), then Paul Tol's muted ones; never vermillion, which means *shared*.
-
-Sequences alive at the same time never share a colour (:func:`owner_inks`); past the last colour
-the palette starts over with a hatch (:class:`Ink`). :func:`inks_over_time` does the same for a
-whole run, so that an owner keeps one colour for its whole life, like a block from a free list.
+Memory systems: paged blue, a contiguous cache reserving ``max_seq_len`` orange, one reserving
+exactly prompt + output purple (:func:`series_color`). Blocks: free light grey, a shared block outlined
+in vermillion, a free block still holding a cached prefix pale blue and dotted. Sequences
+(:data:`SEQUENCE_COLORS`: Okabe-Ito's colours, safe for colour-vision deficiencies, then Paul Tol's;
+never vermillion): ``A`` blue, ``B`` orange, ... Sequences alive at once never share a colour
+(:func:`owner_inks`, :func:`inks_over_time`); past the last colour they come round hatched (:class:`Ink`).
 """
 
 from __future__ import annotations
@@ -88,8 +81,7 @@ def owner_inks(owners: Iterable[Hashable]) -> dict[Hashable, Ink]:
     """An :class:`Ink` per owner, all different: the owners of one picture are alive at once.
 
     In natural order, the k-th string owner prefers colour k, an int owner (a request id) colour
-    ``owner % 12``, so it keeps its colour from figure to figure. A colour already taken moves the
-    owner on to the next free one; after twelve owners the colours come round again, hatched.
+    ``owner % 12``; a colour already taken moves the owner on to the next free one.
     """
     n, taken, out = len(SEQUENCE_COLORS), set(), {}
     for rank, owner in enumerate(natural_order(owners)):

@@ -1,37 +1,29 @@
 """Stage 6 pictures: shared prefixes in the block pool, copy-on-write, and the memory they save.
 
-Pure render functions (state -> ``matplotlib.figure.Figure``, never shown):
-
-- :func:`draw_shared_pool`: each sequence's block table beside the pool; a shared block has a
-  thick vermillion outline, in the tables and in the pool, where ``×n`` is its ``ref_cnt``;
-- :func:`draw_cow_steps`: the same picture for several steps, one panel each, with an arrow
-  for every block that copy-on-write copied since the previous panel;
-- :func:`draw_savings`: memory saved (and prefix hit rate) against the number of requests
-  sharing a prefix.
-
-A state is a ``StepSnapshot`` (what ``LLM.step()`` returns) or ``(block_tables, num_tokens,
-ref_cnt, cached)``, read by :func:`as_state`; :func:`sharing_summary` and :func:`copies_between` give
-the numbers behind the pictures. The tables and the pool are :mod:`minipaged.viz.blocks`'s (gids
-``"table_cell"``, ``"table_run"``, ``"block"``); copy arrows have the gid ``"copy_arrow"``.
+:func:`draw_shared_pool` draws each sequence's block table beside the pool (a shared block outlined
+in vermillion, ``×n`` its ``ref_cnt``); :func:`draw_cow_steps` the same for several steps, an arrow
+for every block copy-on-write copied; :func:`draw_savings` memory saved against the number of
+requests sharing a prefix. A state is a ``StepSnapshot`` or ``(block_tables, num_tokens, ref_cnt,
+cached)`` (:func:`as_state`); :func:`sharing_summary` and :func:`copies_between` give the numbers.
+Tables and pool are :mod:`minipaged.viz.pool`'s; copy arrows have the gid ``"copy_arrow"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Patch
 
 from minipaged.utils import cdiv
-from minipaged.viz.blocks import Labels, PoolState, pool_grid, pool_legend, table_rows, table_width
 from minipaged.viz.palette import MUTED, PAGED, SHARED, owner_inks
+from minipaged.viz.pool import Labels, PoolState, pool_grid, pool_legend, table_rows, table_width
 from minipaged.viz.style import EDGE, FONT_SIZE, MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure
 
 
 def as_state(state, labels: Labels = None) -> PoolState:
-    """A :class:`~minipaged.viz.blocks.PoolState` with tables, from a ``StepSnapshot``-like object or a
+    """A :class:`~minipaged.viz.pool.PoolState` with tables, from a ``StepSnapshot``-like object or a
     ``(block_tables, num_tokens, ref_cnt, cached)`` tuple (trailing items may be left out).
     ``labels`` names the sequences: key -> label, or labels in table order (default ``seq <key>``)."""
     if isinstance(state, PoolState):
@@ -54,15 +46,9 @@ def sharing_summary(state, block_size: int | None = None) -> dict:
     st = as_state(state)
     in_use, without = len(st.owners), sum(len(t) for t in st.tables.values())
     shared = sorted(b for b, o in st.owners.items() if len(o) > 1)
-    out = dict(
-        num_tables=len(st.tables),
-        blocks_in_use=in_use,
-        blocks_without_sharing=without,
-        blocks_saved=without - in_use,
-        saved_fraction=(without - in_use) / without if without else 0.0,
-        shared_blocks=shared,
-        max_ref_cnt=max(map(len, st.owners.values()), default=0),
-    )
+    out = dict(num_tables=len(st.tables), blocks_in_use=in_use, blocks_without_sharing=without, shared_blocks=shared)
+    out |= dict(blocks_saved=without - in_use, saved_fraction=(without - in_use) / without if without else 0.0)
+    out |= dict(max_ref_cnt=max(map(len, st.owners.values()), default=0))
     return out | ({"tokens_shared": len(shared) * block_size} if block_size is not None else {})
 
 
@@ -76,78 +62,68 @@ def copies_between(before: PoolState, after: PoolState) -> list[tuple[str, int, 
     return out
 
 
-class _Geometry(NamedTuple):
-    """Where a panel's parts go, in data units where one block is 1 x 1: row labels left of x = 0,
-    the tables from 0, the pool from ``pool_x``; ``rows`` rows under the column headers."""
-
-    shown: int  # blocks of the pool drawn (a big pool is cut after the last block in use)
-    ncols: int
-    rows: int
-    pool_x: float
-    label_w: float
-    width: float
-
-
-def _geometry(st: PoolState, ncols: int | None, max_blocks: int | None, show_tokens: bool) -> _Geometry:
-    n = len(st.ref_cnt)
-    shown = n
-    if max_blocks is not None and n > max_blocks:  # up to the last block in use (+ a row below)
-        shown = max([0, *st.owners] + [b for b, c in enumerate(st.cached) if c]) + 1
+def _geometry(states: list[PoolState], ncols: int | None, max_blocks: int | None, show_tokens: bool) -> dict:
+    """Where the parts of a panel go, the same for every state, in data units where a block is 1 x 1:
+    row labels left of x = 0 (``label_w``), tables from 0, the pool's ``ncols`` columns from ``pool_x``;
+    ``rows`` rows. A pool bigger than ``max_blocks`` is ``shown`` up to its last block in use, plus a row."""
+    n = max(len(st.ref_cnt) for st in states)
+    used = max(b for st in states for b in [0, *st.owners] + [b for b, c in enumerate(st.cached) if c]) + 1
+    shown = used if max_blocks is not None and n > max_blocks else n
     ncols = ncols or (min(shown, 10) if shown <= 20 else 12)
     shown = n if shown == n else min(n, (cdiv(shown, ncols) + 1) * ncols)
-    pool_x = max(table_width(st.tables, st.shared_blocks()), 2) + (2.8 if show_tokens else 0.3) + 1.0
-    label_w = 0.34 * max((len(name) for name in st.tables), default=3) + 0.6
-    return _Geometry(shown, ncols, max(len(st.tables), cdiv(shown, ncols)), pool_x, label_w, pool_x + ncols)
+    tables = max(table_width(st.tables, st.shared_blocks()) for st in states)
+    pool_x = max(tables, 2) + (2.8 if show_tokens else 0.3) + 1.0
+    rows = max(max(len(st.tables) for st in states), cdiv(shown, ncols))
+    label_w = 0.34 * max((len(name) for st in states for name in st.tables), default=3) + 0.6
+    return dict(shown=shown, ncols=ncols, rows=rows, pool_x=pool_x, label_w=label_w, width=pool_x + ncols)
 
 
-def _scale(width: float, height: float, extra_h: float) -> tuple[float, float]:
-    """(inches per block, font size): as big as fits MAX_WIDTH x MAX_HEIGHT, never under SMALL + 1."""
-    scale = min(0.62, (MAX_WIDTH - 0.5) / width, (MAX_HEIGHT - extra_h) / height)
-    return scale, max(SMALL + 1.0, min(FONT_SIZE + 2.0, scale * 72 * 0.36))
+def _scaled(g: dict, heights: float, extra_h: float, **kwargs) -> tuple:
+    """A figure as big as fits MAX_WIDTH x MAX_HEIGHT (``extra_h`` inches for titles and legend), its
+    axes and a font size that grows with the blocks, never under SMALL + 1."""
+    width = g["width"] + g["label_w"] + 0.5
+    scale = min(0.62, (MAX_WIDTH - 0.5) / width, (MAX_HEIGHT - extra_h) / heights)
+    fig, axes = new_figure(width * scale + 0.4, heights * scale + extra_h, **kwargs)
+    return fig, axes, max(SMALL + 1.0, min(FONT_SIZE + 2.0, scale * 72 * 0.36))
 
 
-def _panel(ax, st: PoolState, g: _Geometry, block_size: int, inks, font: float, show_tokens: bool, headers: bool):
-    """Tables (left) and pool (right) on ``ax``; returns block id -> (x, y) of its pool cell."""
+def _panel(ax, st: PoolState, g: dict, block_size: int, inks, font: float, show_tokens: bool, top: float, head: bool):
+    """Tables (left) and pool (right) on ``ax``, up to y = ``top``; returns block id -> (x, y) of its pool cell."""
     counts = set(st.num_tokens.values())
     same = len(st.tables) > 1 and len(counts) == 1 and min(counts) >= 0  # say it once, not on every row
-    notes = {
-        name: f"{n} tokens" + (" each" if same else "")
-        for i, (name, n) in enumerate(st.num_tokens.items())
-        if show_tokens and n >= 0 and (i == 0 or not same)
-    }
-    table_rows(ax, st, block_size, inks, top=g.rows, notes=notes, size=font)
-    pool = PoolState(st.ref_cnt[: g.shown], st.cached[: g.shown], None, st.owners)
-    top = g.rows - max(0, g.rows - cdiv(g.shown, g.ncols)) / 2
-    fill = st.block_fill(block_size)
-    xy = pool_grid(ax, pool, inks, g.ncols, top=top, x0=g.pool_x, fill=fill, label=None, size=font)
-    header = dict(va="center", fontsize=font - 1, color=MUTED)
-    if headers:
-        ax.text(g.pool_x, g.rows + 0.3, "physical blocks (the pool)", ha="left", **{**header, "color": "black"})
-        longest = max(map(len, st.tables.values()), default=0)
-        if table_width(st.tables, st.shared_blocks()) < longest:
-            ax.text(0, g.rows + 0.3, "block tables (runs of shared blocks drawn as one cell)", ha="left", **header)
-        elif longest:
-            ax.text(-0.25, g.rows + 0.3, "logical", ha="right", **header)
-            for j in range(longest):
-                ax.text(j + 0.5, g.rows + 0.3, str(j), ha="center", **header)
-    if g.shown < len(st.ref_cnt):
-        more = f"+ {len(st.ref_cnt) - g.shown} more blocks, all free"
-        ax.text(g.width, top - cdiv(g.shown, g.ncols) - 0.15, more, ha="right", **{**header, "va": "top"})
-    return xy
-
-
-def _finish(ax, g: _Geometry, top: float, bottom: float = -0.3) -> None:
-    ax.set(xlim=(-g.label_w, g.width + 0.2), ylim=(bottom, top), aspect="equal")
+    notes = {k: f"{n} tokens" + " each" * same for i, (k, n) in enumerate(st.num_tokens.items()) if i == 0 or not same}
+    notes = {k: v for k, v in notes.items() if show_tokens and st.num_tokens[k] >= 0}
+    table_rows(ax, st, block_size, inks, top=g["rows"], notes=notes, size=font)
+    shown, rows, text = g["shown"], g["rows"], dict(va="center", fontsize=font - 1, color=MUTED)
+    pool_top = rows - max(0, rows - cdiv(shown, g["ncols"])) / 2
+    pool = PoolState(st.ref_cnt[:shown], st.cached[:shown], None, st.owners)
+    xy = pool_grid(
+        ax, pool, inks, g["ncols"], top=pool_top, x0=g["pool_x"], fill=st.block_fill(block_size), label=None, size=font
+    )
+    longest = max(map(len, st.tables.values()), default=0)
+    if head:
+        ax.text(g["pool_x"], rows + 0.3, "physical blocks (the pool)", ha="left", **{**text, "color": "black"})
+    if head and table_width(st.tables, st.shared_blocks()) < longest:
+        ax.text(0, rows + 0.3, "block tables (runs of shared blocks drawn as one cell)", ha="left", **text)
+    elif head and longest:
+        for j, label in enumerate(["logical", *map(str, range(longest))]):
+            ax.text(j - 0.5 if j else -0.25, rows + 0.3, label, ha="center" if j else "right", **text)
+    if shown < len(st.ref_cnt):
+        more = f"+ {len(st.ref_cnt) - shown} more blocks, all free"
+        ax.text(g["width"], pool_top - cdiv(shown, g["ncols"]) - 0.15, more, ha="right", **{**text, "va": "top"})
+    ax.set(
+        xlim=(-g["label_w"], g["width"] + 0.2), ylim=(-0.3 if shown == len(st.ref_cnt) else -0.8, top), aspect="equal"
+    )
     ax.set_anchor("N")  # spare height goes below the drawing, never above the title
     ax.axis("off")
+    return xy
 
 
 def _legend(fig: Figure, states: list[PoolState], inks, font: float, cow: bool = False) -> None:
     # One entry per sequence while there are few; beyond that the row labels name them.
     entries = {h.get_label(): h for st in states for h in pool_legend(inks if len(inks) <= 12 else {}, st)}
     handles = [*entries.values(), Patch(fc="white", ec=EDGE, label="empty slots (white part)")]
-    if cow:
-        handles.append(Line2D([], [], color=SHARED, lw=2.5, marker=">", label="copy-on-write copy"))
+    handles += [Line2D([], [], color=SHARED, lw=2.5, marker=">", label="copy-on-write copy")] * cow
     fig.legend(handles=handles, frameon=False, loc="outside lower center", ncols=4, fontsize=font - 1)
 
 
@@ -173,20 +149,13 @@ def draw_shared_pool(
     Pools bigger than ``max_blocks`` are drawn up to the last block in use.
     """
     st = as_state(state, labels)
-    g, inks = _geometry(st, ncols, max_blocks, show_tokens), owner_inks(st.tables)
-    width, height = g.width + g.label_w + 0.5, g.rows + 1.1
-    scale, font = _scale(width, height, 1.9)
-    fig, ax = new_figure(width * scale + 0.4, height * scale + 1.7)
-    _panel(ax, st, g, block_size, inks, font, show_tokens, headers=True)
-    _finish(ax, g, g.rows + 0.7, -0.3 if g.shown == len(st.ref_cnt) else -0.8)
-    s, n_shared = sharing_summary(st), len(sharing_summary(st)["shared_blocks"])
-    summary = (
-        f"{s['num_tables']} sequence{'s' * (s['num_tables'] != 1)} · {n_shared} shared block{'s' * (n_shared != 1)}"
-    )
-    summary += f" · {s['blocks_in_use']} blocks in use instead of {s['blocks_without_sharing']}"
-    summary += f" ({s['saved_fraction']:.0%} saved)" + (
-        f" · prefix hit rate {hit_rate:.0%}" if hit_rate is not None else ""
-    )
+    g, inks = _geometry([st], ncols, max_blocks, show_tokens), owner_inks(st.tables)
+    fig, ax, font = _scaled(g, g["rows"] + 1.1, 1.7)
+    _panel(ax, st, g, block_size, inks, font, show_tokens, g["rows"] + 0.7, head=True)
+    s, hits = sharing_summary(st), f" · prefix hit rate {hit_rate:.0%}" if hit_rate is not None else ""
+    n, shared = s["num_tables"], len(s["shared_blocks"])
+    summary = f"{n} sequence{'s' * (n != 1)} · {shared} shared block{'s' * (shared != 1)} · {s['blocks_in_use']} "
+    summary += f"blocks in use instead of {s['blocks_without_sharing']} ({s['saved_fraction']:.0%} saved){hits}"
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left", fontsize=font + 1)
     _legend(fig, [st], inks, font)
     return fig
@@ -204,32 +173,21 @@ def draw_cow_steps(
 
     Each panel is :func:`draw_shared_pool`'s picture; a vermillion arrow in the pool goes from a
     shared block to the copy a sequence got before writing to it (found by comparing the panel
-    with the one before, :func:`copies_between`). ``titles``: one per
-    frame; by default the copies are listed.
+    with the one before, :func:`copies_between`). ``titles``: one per frame; by default the copies.
     """
     if not frames:
         raise ValueError("no frames to draw")
     states = [as_state(f, labels) for f in frames]
     if titles is not None and len(titles) != len(states):
         raise ValueError(f"{len(titles)} titles for {len(states)} frames")
-    inks = owner_inks(n for s in states for n in s.tables)
-    geos = [_geometry(s, ncols, None, True) for s in states]
-    g = max(geos, key=lambda g: g.width)  # the same geometry in every panel
-    g = g._replace(rows=max(x.rows for x in geos), label_w=max(x.label_w for x in geos))
+    inks, g = owner_inks(n for s in states for n in s.tables), _geometry(states, ncols, None, True)
     copies = [copies_between(states[k - 1], st) if k else [] for k, st in enumerate(states)]
     # Room above each panel's content: column headers (first panel), copy arrows (panels with copies).
-    tops = [g.rows + (0.7 if k == 0 else 0.15) + (1.0 if copies[k] else 0) for k in range(len(states))]
-    heights = [t + 0.3 for t in tops]
-    scale, font = _scale(g.width + g.label_w + 0.5, sum(heights), 1.2 + 0.55 * len(states))
-    fig, axes = new_figure(
-        (g.width + g.label_w + 0.5) * scale + 0.4,
-        sum(heights) * scale + 1.0 + 0.55 * len(states),
-        nrows=len(states),
-        squeeze=False,
-        gridspec_kw=dict(height_ratios=heights),
-    )
+    tops = [g["rows"] + (0.7 if k == 0 else 0.15) + (1.0 if copies[k] else 0) for k in range(len(states))]
+    grid = dict(nrows=len(states), squeeze=False, gridspec_kw=dict(height_ratios=[t + 0.3 for t in tops]))
+    fig, axes, font = _scaled(g, sum(tops) + 0.3 * len(states), 1.0 + 0.55 * len(states), **grid)
     for k, (ax, st) in enumerate(zip(axes[:, 0], states)):
-        xy = _panel(ax, st, g, block_size, inks, font, True, headers=k == 0)
+        xy = _panel(ax, st, g, block_size, inks, font, True, tops[k], head=k == 0)
         for _, _, a, b in copies[k]:
             (xa, ya), (xb, yb) = xy[a], xy[b]
             rad = min(0.45, 1.8 / max(abs(xb - xa), 1)) if abs(ya - yb) < 1e-9 else 0.2  # arcs at most ~0.9 high
@@ -239,7 +197,6 @@ def draw_cow_steps(
         moved = ", ".join(f"{n}: {a} → {b}" for n, _, a, b in copies[k])
         head = titles[k] if titles is not None else f"frame {k}" + (f" — copy-on-write: {moved}" if moved else "")
         ax.set_title(head, loc="left", fontsize=font + 1)
-        _finish(ax, g, tops[k])
     _legend(fig, states, inks, font, cow=len(states) > 1)
     return fig
 
@@ -276,9 +233,8 @@ def draw_savings(
         at = dict(xytext=(10, offset), textcoords="offset points", va="center", fontsize=big, weight="bold")
         ax.annotate(f"{ys[-1]:.0f}%", (ns[-1], ys[-1]), color=color, **at)
     if limit is not None:
-        ax.axhline(
-            100 * limit, color="#555555", ls=":", lw=2.5, label=f"memory saved as N → ∞ ({limit:.0%})", gid="limit"
-        )
+        label = f"memory saved as N → ∞ ({limit:.0%})"
+        ax.axhline(100 * limit, color="#555555", ls=":", lw=2.5, label=label, gid="limit")
     ax.set_xlabel(xlabel, fontsize=big)
     ax.set_ylabel("percent", fontsize=big)
     ax.set(ylim=(0, 105), xlim=(min(ns) - 0.5, max(ns) + 1.5), xticks=ns if len(ns) <= 16 else ns[:: cdiv(len(ns), 16)])

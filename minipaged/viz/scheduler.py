@@ -1,14 +1,9 @@
-"""Stage 5 pictures: what the engine did at each step, over time, and the KV memory it held.
+"""Stage 5 pictures, from ``StepSnapshot``s (what ``LLM.step()`` returns) and ``LLM.kv_stats()`` dicts.
 
-Pure render functions over ``StepSnapshot`` lists (what ``LLM.step()`` returns) and
-``LLM.kv_stats()`` dicts:
-
-- :func:`draw_step`: one step: every sequence's block table and what it did, the queues, the pool
-  (an animation frame is this picture with a caption, tags on the blocks and running totals);
-- :func:`draw_timeline`: a Gantt chart of every sequence over the steps;
-- :func:`draw_kv_usage`: KV slots over the steps, paged against contiguous on one budget.
-
-Sequences are named by :func:`seq_names` (``R3`` = request 3; ``R3.1`` = its second sample).
+:func:`draw_step`: one step (every sequence's block table and what it did, the queues, the pool; an
+animation frame is this picture with a caption and the step's events on the blocks);
+:func:`draw_timeline`: every sequence over the steps; :func:`draw_kv_usage`: KV slots over the steps,
+paged against contiguous. :func:`seq_names` names sequences (``R3``: request 3; ``R3.1``: its 2nd sample).
 """
 
 from __future__ import annotations
@@ -22,8 +17,8 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from minipaged.utils import cdiv
-from minipaged.viz.blocks import PoolState, owners_from_tables, pool_grid, pool_legend, table_rows
 from minipaged.viz.palette import PAGED, STATE_COLORS, Ink, owner_inks, series_color
+from minipaged.viz.pool import PoolState, owners_from_tables, pool_grid, pool_legend, table_rows
 from minipaged.viz.style import MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure
 
 CAPTION_BOX = dict(boxstyle="round,pad=0.5", fc="#F3F3F3", ec="none")
@@ -90,29 +85,21 @@ def draw_step(
 ) -> Figure:
     """One engine step: each sequence's block table and what it did, the queues, the pool.
 
-    Top left, one row per sequence alive in the step (running, waiting, preempted or just
-    finished): its blocks (with ``block_size``, the coloured part of a block holds tokens) and,
-    after them, what it did (``prefill 8``, ``decode 1``, ``preempted``, ``idle``...). Top right,
-    the queues after the step, the tokens it computed, free blocks and ``notes`` (extra lines).
-    Bottom, the pool (:func:`~minipaged.viz.blocks.pool_grid`; ``tags``: block -> a word written on it).
-
-    For animation frames: ``fig`` is drawn into (cleared first), ``inks`` fixes sequence colours
-    for a whole run, ``caption`` is written under the title and ``usage``, ``(step, blocks in use)``
-    for the whole run, adds a small plot up to this step.
+    A row per sequence of the step (running, waiting, preempted or just finished): its blocks (with
+    ``block_size``, the coloured part holds tokens), then what it did (``prefill 8``, ``decode 1``...).
+    Beside it the queues, tokens computed, free blocks and ``notes``; below, the pool (``tags``: block
+    -> a word written on it). Animation frames draw into ``fig`` (cleared first), with ``inks`` fixed
+    for the run, a ``caption``, and ``usage`` ((step, blocks in use) of the run) plotted up to this step.
     """
     fig = fig or new_figure(MAX_WIDTH, MAX_HEIGHT)[0]
     fig.clear()
     ratios = [0.55] * bool(caption) + [3.0, 2.4]
     grid = fig.add_gridspec(len(ratios), 2, height_ratios=ratios, width_ratios=[2.6, 1])
-    ax_t, ax_s, ax_p = (
-        fig.add_subplot(grid[-2, 0]),
-        fig.add_subplot(grid[-2, 1]),
-        fig.add_subplot(grid[-1, : 2 - bool(usage)]),
-    )
+    ax_t, ax_s = fig.add_subplot(grid[-2, 0]), fig.add_subplot(grid[-2, 1])
+    ax_p = fig.add_subplot(grid[-1, : 2 - bool(usage)])  # the pool, beside the plot of blocks in use if any
     red = title is None and bool(snapshot.preempted)
-    fig.suptitle(
-        title or f"step {snapshot.step}" + " - preemption!" * red, color=STATE_COLORS["preempted"] if red else "k"
-    )
+    title = title or f"step {snapshot.step}" + " - preemption!" * red
+    fig.suptitle(title, color=STATE_COLORS["preempted"] if red else "black")
     if caption:
         ax_c = fig.add_subplot(grid[0, :])
         ax_c.text(0, 0.5, textwrap.fill(caption, 125), va="center", fontsize=13, linespacing=1.3, bbox=CAPTION_BOX)
@@ -129,9 +116,8 @@ def draw_step(
     did = {s: f"{doing[s]} {work[s]['num_tokens']}" if s in work and doing[s] != "finished" else doing[s] for s in seqs}
     did |= {s: f"{doing[s]}: blocks freed" for s in seqs if doing[s] in ("preempted", "finished")}
     table_rows(ax_t, pool, block_size or 1, inks, top=len(seqs), label=name, notes=did)
-    ax_t.set(
-        xlim=(-2.2, max(max(map(len, tables.values()), default=0) + 4, 9)), ylim=(min(0, len(seqs) - 5), len(seqs))
-    )
+    longest = max(map(len, tables.values()), default=0)
+    ax_t.set(xlim=(-2.2, max(longest + 4, 9)), ylim=(min(0, len(seqs) - 5), len(seqs)))
     each = f" ({block_size} tokens each)" if block_size else ""
     ax_t.set_title(f"block tables: logical -> physical block ids{each}", loc="left", fontsize=13)
 
@@ -162,15 +148,16 @@ def draw_step(
     return fig
 
 
-def timeline_states(snapshots: Sequence) -> tuple[dict[int, dict[int, str]], dict[int, int]]:
-    """(seq_id -> {step: state}, seq_id -> the step it finished), state being a ``STATE_COLORS`` key.
+def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, title: str | None = None) -> Figure:
+    """Gantt chart: one row per sequence, one column per step, coloured by what it was doing.
 
-    A step's state comes from the snapshot it returned: scheduled (prefill / decode), preempted,
-    waiting, or running but not scheduled (``idle``). A sequence that ran in a step and is
-    neither waiting nor running after it finished in that step.
+    Waiting (grey), prefill (orange), decode (blue), preempted (vermillion, hatched), running
+    but not scheduled (pale blue); a black diamond marks the end of the step in which a sequence
+    finished. A step's state comes from the snapshot it returned. Artists: one ``Rectangle`` per run
+    of equal states (``ax.patches``) and one ``Line2D`` holding a marker per finished sequence.
     """
-    states: dict[int, dict[int, str]] = {}
-    finished: dict[int, int] = {}
+    states: dict[int, dict[int, str]] = {}  # seq_id -> {step: a STATE_COLORS key}
+    finished: dict[int, int] = {}  # seq_id -> the step it finished in
     for snap in snapshots:
         work = {d["seq_id"]: d["kind"] for d in snap.scheduled}
         for seq_id in set(work) | set(snap.preempted) | set(snap.waiting) | set(snap.running):
@@ -178,18 +165,6 @@ def timeline_states(snapshots: Sequence) -> tuple[dict[int, dict[int, str]], dic
             if state == "finished":
                 state, finished[seq_id] = work[seq_id], snap.step
             states.setdefault(seq_id, {})[snap.step] = state
-    return states, finished
-
-
-def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, title: str | None = None) -> Figure:
-    """Gantt chart: one row per sequence, one column per step, coloured by what it was doing.
-
-    Waiting (grey), prefill (orange), decode (blue), preempted (vermillion, hatched), running
-    but not scheduled (pale blue); a black diamond marks the end of the step in which a sequence
-    finished. Artists: one ``Rectangle`` per run of equal states (``ax.patches``) and one
-    ``Line2D`` holding a marker per finished sequence.
-    """
-    states, finished = timeline_states(snapshots)
     names = names if names is not None else seq_names(snapshots)
     order, steps = sorted(states), [s.step for s in snapshots]
     fig, ax = new_figure(max(8.0, 0.28 * len(steps) + 3), max(3.0, 0.45 * len(order) + 1.8))
@@ -204,17 +179,14 @@ def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, t
                 runs.append([state, step, step])
         for state, first, last in runs:
             style = hatched if state == "preempted" else dict(ec="none")
-            ax.add_patch(
-                Rectangle((first - 0.5, ys[seq_id] - 0.35), last - first + 1, 0.7, fc=STATE_COLORS[state], **style)
-            )
+            xy = (first - 0.5, ys[seq_id] - 0.35)
+            ax.add_patch(Rectangle(xy, last - first + 1, 0.7, fc=STATE_COLORS[state], **style))
     ax.plot([finished[s] + 0.5 for s in finished], [ys[s] for s in finished], "D", color="black", markersize=7)
     ax.set_yticks(range(len(order)), [_nm(s, names) for s in reversed(order)])
     ax.set(xlim=(min(steps, default=0) - 0.6, max(steps, default=0) + 1), ylim=(-0.6, len(order) - 0.4))
     ax.set_xlabel("engine step")
-    used = {st for per in states.values() for st in per.values()}
-    handles = [
-        Patch(fc=c, label=k, **(hatched if k == "preempted" else {})) for k, c in STATE_COLORS.items() if k in used
-    ]
+    used = [k for k in STATE_COLORS if any(k in per.values() for per in states.values())]
+    handles = [Patch(fc=STATE_COLORS[k], label=k, **(hatched if k == "preempted" else {})) for k in used]
     handles.append(Line2D([], [], marker="D", color="black", linestyle="none", label="finished"))
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), frameon=False)
     ax.set_title(title or "requests over engine steps", loc="left")
@@ -224,13 +196,11 @@ def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, t
 def during_steps(values: Sequence[int], preemptions: Sequence[int] | None = None) -> list[int]:
     """What the engine held *during* each step, from ``values`` recorded after each step.
 
-    Records come after a step has freed what its finished sequences held, and new requests are
-    admitted at the next step's schedule, so a record can be low (0 for a contiguous cache whose
-    reservations all just finished) although no step ever ran with that little. During step k the
-    engine still held what it held after step k-1 (finished sequences free at the end of the
-    step), so the value is ``max(record k-1, record k)`` — except in a step that preempted
-    (``preemptions``, the running count of ``kv_stats()["num_preemptions"]``, grew): preemption
-    frees memory before the step runs, so that step keeps its own record.
+    A record comes after its step freed what finished sequences held (0 for a contiguous cache
+    whose reservations all just finished), though no step ran with that little: during step k the
+    engine still held what it held after step k-1, so the value is ``max(record k-1, record k)`` —
+    except in a step that preempted (``preemptions``, the running ``num_preemptions``, grew), which
+    freed memory before it ran and keeps its own record.
     """
     preemptions = preemptions or [0] * len(values)
     out, prev_value, prev_preemptions = [], 0, 0
@@ -250,13 +220,11 @@ def draw_kv_usage(
 ) -> Figure:
     """KV slots in use at each engine step, a paged cache against a contiguous one on the same budget.
 
-    Each series is one ``LLM.kv_stats()`` dict per step, recorded after the step (``tokens_held``,
-    ``slots_allocated``, ``num_preemptions``), read with :func:`during_steps`. Solid steps: slots
-    allocated (blocks, or reservations); dashed: slots holding a token; the shaded gap between them
-    is waste. ``capacity`` (slots in the budget) draws a horizontal line. ``running``: the number
-    of running sequences after each step, ``(paged, contiguous)``: adds a second panel. Lines are
-    labelled ``"paged: slots allocated"``, ``"paged: slots holding a token"``, ``"paged: done after
-    step N"``, ... and ``"budget: N slots"``.
+    Each series is one ``LLM.kv_stats()`` dict per step, recorded after the step, read with
+    :func:`during_steps`. Solid: slots allocated (blocks, or reservations), labelled ``"paged: slots
+    allocated"``; dashed: slots holding a token; the shaded gap between them is waste. ``capacity``
+    (slots in the budget) draws a line. ``running``, ``(paged, contiguous)`` running sequences after
+    each step, adds a second panel.
     """
     ratios = dict(gridspec_kw=dict(width_ratios=[1.6, 1])) if running else {}
     fig, axes = new_figure(12.4 if running else 11, 5.2, ncols=2 if running else 1, squeeze=False, **ratios)

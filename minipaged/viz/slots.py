@@ -1,10 +1,8 @@
 """Stage 3 pictures: where each new token's K/V lands in the pool (slot mapping).
 
-Pure render functions: they take plain state (lists of ints) and return a ``Figure``.
-
-- :func:`draw_slot_mapping`: one batch's tokens on top, the pool's slots below grouped by block,
-  an arrow from every token to its slot (padding, slot -1, is shown as skipped);
-- :func:`draw_pool_fill`: small multiples of the pool as a prefill, then decode steps, fill it.
+:func:`draw_slot_mapping`: one batch's tokens on top, the pool's slots below grouped by block, an
+arrow from every token to its slot (padding, slot -1, is shown as skipped); :func:`draw_pool_fill`:
+small multiples of the pool as a prefill, then decode steps, fill it. Plain lists in, ``Figure`` out.
 """
 
 from __future__ import annotations
@@ -17,18 +15,12 @@ from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from minipaged.viz.palette import FREE, MUTED, WASTE, owner_color, text_color
 from minipaged.viz.style import SMALL, new_figure
 
-BLOCK_GAP = 0.7  # horizontal gap between two blocks of slots, in slot widths
+GAP = 0.7  # horizontal gap between two blocks of slots (and between two sequences' tokens), in slot widths
 
 
 def _name(i: int, seq_names: Sequence[str] | None) -> str:
-    if seq_names is not None and 0 <= i < len(seq_names):
-        return seq_names[i]
-    return chr(ord("A") + i) if 0 <= i < 26 else f"s{i}"
-
-
-def _slot_x(slot: int, block_size: int) -> float:
-    """Left edge of a slot's box: blocks are drawn side by side with a gap between them."""
-    return (slot // block_size) * (block_size + BLOCK_GAP) + slot % block_size
+    """``seq_names[i]``, or A, B, C, ... (``s26`` and up past Z)."""
+    return seq_names[i] if seq_names is not None and i < len(seq_names) else chr(65 + i) if i < 26 else f"s{i}"
 
 
 def _legend(seqs, seq_names: Sequence[str] | None) -> list[Patch]:
@@ -51,76 +43,56 @@ def draw_slot_mapping(
     token_seq: [num_tokens] index of the sequence each token belongs to (ignored for padding);
     token_pos: [num_tokens] each token's position in its sequence (for the labels, e.g. ``B3``);
     filled: slot -> sequence index of slots that already hold earlier tokens (drawn pale).
-
-    Artists: one ``FancyArrowPatch`` per real token (none for padding); one ``Rectangle`` per
-    token, per slot and per block outline.
+    Artists: a ``FancyArrowPatch`` per real token; a ``Rectangle`` per token, slot and block outline.
     """
-    slots = [int(s) for s in slot_mapping]
+    slots, num_slots, filled = [int(s) for s in slot_mapping], num_blocks * block_size, dict(filled or {})
     if len(token_seq) != len(slots):
         raise ValueError(f"token_seq has {len(token_seq)} entries, slot_mapping {len(slots)}")
-    num_slots = num_blocks * block_size
     if any(s >= num_slots or s < -1 for s in slots):
         raise ValueError(f"slot ids must be -1 or in [0, {num_slots})")
-    filled = dict(filled or {})
-    width = _slot_x(num_slots - 1, block_size) + 1
+    slot_x = [b * (block_size + GAP) + o for b in range(num_blocks) for o in range(block_size)]  # blocks side by side
+    width = slot_x[-1] + 1
     fig, ax = new_figure(max(8.0, 0.42 * width + 1.5), 4.6)
     y_slot, y_tok, h = 0.0, 2.6, 0.8
-
-    # Bottom row: the pool's slots, grouped by block; written now in the writer's colour, earlier ones pale.
     writer = {s: token_seq[i] for i, s in enumerate(slots) if s >= 0}
-    for s in range(num_slots):
-        x = _slot_x(s, block_size)
+    for s, x in enumerate(slot_x):  # the pool's slots: written now in the writer's colour, earlier ones pale
         face = owner_color(writer[s]) if s in writer else owner_color(filled[s]) if s in filled else "white"
         alpha = 0.35 if s in filled and s not in writer else 1.0
         ax.add_patch(Rectangle((x + 0.05, y_slot), 0.9, h, fc=face, alpha=alpha, ec="#555555", lw=1))
         color = text_color(face) if s in writer else "black"
         ax.text(x + 0.5, y_slot + h / 2, str(s), ha="center", va="center", fontsize=SMALL + 1, color=color)
     for b in range(num_blocks):
-        x0 = _slot_x(b * block_size, block_size)
+        x0 = slot_x[b * block_size]
         ax.add_patch(Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False, ec="black", lw=1.8))
         ax.text(x0 + block_size / 2, y_slot - 0.3, f"block {b}", ha="center", va="top", fontsize=SMALL + 2)
 
-    # Top row: the batch's tokens, packed in order, one gap between sequences (and around padding).
-    xs, x = [], 0.0
+    xs, x = [], 0.0  # the batch's tokens, packed in order, a gap between sequences (and around padding)
     for i, s in enumerate(slots):
-        if i and ((s < 0) != (slots[i - 1] < 0) or s >= 0 and token_seq[i] != token_seq[i - 1]):
-            x += BLOCK_GAP
+        x += GAP * bool(i and ((s < 0) != (slots[i - 1] < 0) or s >= 0 and token_seq[i] != token_seq[i - 1]))
         xs.append(x)
         x += 1
     scale = min(1.0, width / x) if x else 1.0
-    offset, tw = (width - x * scale) / 2, 0.9 * scale
+    xs, tw = [(width - x * scale) / 2 + t * scale for t in xs], 0.9 * scale
     pad_runs: list[list[float]] = []  # x of the first and last padding token of each run
-    for i, s in enumerate(slots):
-        tx = offset + xs[i] * scale
+    for i, (s, tx) in enumerate(zip(slots, xs)):
         if s < 0:
             ax.add_patch(Rectangle((tx, y_tok), tw, h, fc=WASTE, ec="#555555", hatch="//", lw=1))
-            if i and slots[i - 1] < 0:
-                pad_runs[-1][1] = tx + tw
-            else:
-                pad_runs.append([tx, tx + tw])
+            pad_runs += [[tx, tx + tw]] if not i or slots[i - 1] >= 0 else []
+            pad_runs[-1][1] = tx + tw
             continue
         color = owner_color(token_seq[i])
         ax.add_patch(Rectangle((tx, y_tok), tw, h, fc=color, ec="black", lw=1))
         label = _name(token_seq[i], seq_names) + ("" if token_pos is None else str(token_pos[i]))
         size = SMALL + 1 if scale > 0.7 else SMALL
         ax.text(tx + tw / 2, y_tok + h / 2, label, ha="center", va="center", fontsize=size, color=text_color(color))
-        ends = (tx + tw / 2, y_tok - 0.02), (_slot_x(s, block_size) + 0.5, y_slot + h + 0.1)
+        ends = (tx + tw / 2, y_tok - 0.02), (slot_x[s] + 0.5, y_slot + h + 0.1)
         ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=12, color=color, lw=1.4, alpha=0.85))
     for lo, hi in pad_runs:  # one label per run of padding, not one per token
-        ax.text(
-            (lo + hi) / 2,
-            y_tok + h + 0.1,
-            "slot -1: skipped",
-            ha="center",
-            va="bottom",
-            fontsize=SMALL + 1,
-            color=MUTED,
-        )
+        ax.text((lo + hi) / 2, y_tok + h + 0.1, "slot -1: skipped", ha="center", va="bottom", color=MUTED, fontsize=11)
     ax.text(-0.4, y_tok + h / 2, "new\ntokens", ha="right", va="center", fontsize=12)
     ax.text(-0.4, y_slot + h / 2, "pool\nslots", ha="right", va="center", fontsize=12)
     handles = _legend({token_seq[i] for i, s in enumerate(slots) if s >= 0} | set(filled.values()), seq_names)
-    if pad_runs:
-        handles.append(Patch(fc=WASTE, hatch="//", label="padding (slot -1)"))
+    handles += [Patch(fc=WASTE, hatch="//", label="padding (slot -1)")] * bool(pad_runs)
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(handles), frameon=False)
     ax.set(xlim=(-1.6, width + 0.2), ylim=(-0.9, y_tok + h + (0.6 if pad_runs else 0.2)))
     ax.set_axis_off()
@@ -139,23 +111,19 @@ def draw_pool_fill(
     frames: ``(label, block_tables, num_tokens)`` with ``block_tables[i]`` the physical blocks of
     sequence ``i`` and ``num_tokens[i]`` the tokens it holds. A panel is the pool as a grid (one
     row per block, one column per offset); the tokens written since the previous frame get a
-    thick black outline. Artists: one ``Rectangle`` per slot in each panel, plus one outline
-    ``Rectangle`` per newly written token.
+    thick black outline (an unfilled ``Rectangle`` on top of the slot's).
     """
     if not frames:
         raise ValueError("draw_pool_fill needs at least one frame")
-    n = len(frames)
-    width = max(6.0, n * (0.38 * block_size + 1.0)) + 0.5
-    fig, axes = new_figure(width, 0.38 * num_blocks + 2.2, ncols=n, squeeze=False)
+    width = max(6.0, len(frames) * (0.38 * block_size + 1.0)) + 0.5
+    fig, axes = new_figure(width, 0.38 * num_blocks + 2.2, ncols=len(frames), squeeze=False)
     prev: dict[int, int] = {}
-    seqs: set[int] = set()
     for ax, (label, tables, num_tokens) in zip(axes[0], frames, strict=True):
         owner: dict[int, int] = {}  # slot -> sequence
         for i, (table, ntok) in enumerate(zip(tables, num_tokens, strict=True)):
             if ntok > len(table) * block_size:
                 raise ValueError(f"sequence {i} holds {ntok} tokens but has only {len(table)} blocks")
             owner.update({table[p // block_size] * block_size + p % block_size: i for p in range(ntok)})
-            seqs.add(i)
         for s in range(num_blocks * block_size):
             x, y = s % block_size, num_blocks - 1 - s // block_size
             ax.add_patch(Rectangle((x, y), 1, 1, fc=owner_color(owner[s]) if s in owner else FREE, ec="white", lw=1))
@@ -170,6 +138,7 @@ def draw_pool_fill(
         ax.set_title(label, fontsize=12)
         prev = owner
     axes[0, 0].set_ylabel("physical block")
+    seqs = range(max(len(f[1]) for f in frames))
     handles = [*_legend(seqs, seq_names), Patch(fc="white", ec="black", lw=2.5, label="written this step")]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
     return fig

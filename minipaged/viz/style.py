@@ -1,13 +1,10 @@
-"""One look for every figure: fonts readable on a projector, sizes that fit one, and the box every
-block, slot and reservation is drawn with.
+"""One look for every figure: fonts readable on a projector, sizes that fit one, and the :func:`box`
+every block, slot and reservation is drawn with.
 
 Render functions take state and return a ``matplotlib.figure.Figure``; they never show it, so
-notebooks, widgets and ``save_figure`` (PNG/SVG for slides) all share them. Colours live in
-:mod:`minipaged.viz.palette`.
-
-Sizes: a widget shows :func:`figure_png` at 100 dpi, where a point is 100/72 pixels. The
-smallest text, :data:`SMALL` (10 pt), is then 14 px; figures are at most :data:`MAX_WIDTH` x
-:data:`MAX_HEIGHT` inches (within 1280 x 800 px), so they fit a projector unshrunk.
+notebooks, widgets and :func:`save_figure` (PNG/SVG for slides) all share them. A widget shows
+:func:`figure_png` at 100 dpi, where the smallest text, :data:`SMALL` (10 pt), is 14 px; figures are
+at most :data:`MAX_WIDTH` x :data:`MAX_HEIGHT` inches, so they fit a 1280 x 800 projector unshrunk.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from PIL import Image
 
 from minipaged.__main__ import main
 from minipaged.viz import animate
-from minipaged.viz.frames import build_frames, step_events
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -146,9 +145,9 @@ def test_events_from_a_hand_made_pair_of_snapshots():
         ref_cnt=[2, 1, 0, 1, 0, 0],
         cached=[True, False, False, False, False, False],
     )
-    ev = step_events(prev, snap, block_size=8)
+    ev = animate.step_events(prev, snap, block_size=8)
     assert ev.cow == [(0, 1, 3)] and ev.evicted == [3] and not ev.forked and not ev.freed
-    movie = build_frames([prev, snap], block_size=8, num_blocks=6)
+    movie = animate.build_frames([prev, snap], block_size=8, num_blocks=6)
     assert "copy-on-write" in movie.frames[1].caption and "block 3" in movie.frames[1].caption
 
 
@@ -220,7 +219,7 @@ def test_player_shows_the_frame_the_slider_picks(prefix_movie):
     assert bytes(image.value) == animate.frame_png(prefix_movie.head(3), 1) != first
 
 
-def test_inline_html_embeds_the_player(engine_movie):
-    out = animate.inline_html(engine_movie.head(2))
-    assert 'class="animation"' in out.data and not re.search(r"https?://", out.data)
-    assert len(embedded_pngs(out.data)) == 2
+def test_jshtml_is_a_player_for_a_notebook_output(engine_movie):
+    page = animate.jshtml(engine_movie.head(2))  # IPython.display.HTML(page) plays without a kernel
+    assert 'class="animation"' in page and not re.search(r"https?://", page)
+    assert len(embedded_pngs(page)) == 2

@@ -10,9 +10,8 @@ from matplotlib.patches import FancyArrowPatch
 from minipaged import StepSnapshot
 from minipaged.kv.block_pool import BlockPool
 from minipaged.kv.block_table import BlockTable
-from minipaged.viz.blocks import PoolState
 from minipaged.viz.palette import SEQUENCE_COLORS, SHARED, Ink
-from minipaged.viz.pool import draw_block_tables, draw_pool, owners_from_tables
+from minipaged.viz.pool import PoolState, draw_block_tables, draw_pool, owners_from_tables
 
 
 def patches(fig: Figure, gid: str) -> list:
@@ -62,7 +61,7 @@ def test_pool_grid_from_pool(seed_example):
 
 
 def test_pool_state_constructors():
-    state = PoolState.from_ref_cnt([0, 1, 2, 0], owners={1: "x", 2: ["x", "y"]})
+    state = PoolState([0, 1, 2, 0], owners={1: "x", 2: ["x", "y"]})
     assert state.owners == {1: ["x"], 2: ["x", "y"]} and state.free_order is None
     fig = draw_pool(state)
     assert len(patches(fig, "block")) == 4 and "×2" in texts(fig) and "x,y" in texts(fig)
@@ -113,15 +112,17 @@ def test_block_tables_seed_example(seed_example):
     assert len(patches(fig, "logical")) == 4 and len(patches(fig, "table")) == 4
     assert len(patches(fig, "physical")) == 12
     assert len(patches(fig, "arrow")) == 4 and all(isinstance(p, FancyArrowPatch) for p in patches(fig, "arrow"))
-    slots = patches(fig, "slot")
-    assert len(slots) == 4 * 16 + 3 * 16  # every slot of every logical block and of the 3 used physical blocks
-    assert sum(not matplotlib.colors.same_color(p.get_facecolor(), "white") for p in slots) == (24 + 20) + (16 + 8 + 4)
+    # the filled part of each block: physical blocks 3 (8 of 16 slots), 7 (full), 9 (4), then A #0, A #1, B #0, B #1
+    filled = [p for p in patches(fig, "used") if not matplotlib.colors.same_color(p.get_facecolor(), "white")]
+    assert [p.get_width() for p in filled] == pytest.approx([0.5 * 2.6, 2.6, 0.25 * 2.6] + [4, 2, 4, 1])
+    dividers = [c for c in fig.axes[0].collections if len(c.get_segments()) == 15]  # 16 slots: 15 lines between
+    assert len(dividers) == 4 + 12
     shared = [p for p in patches(fig, "physical") if p.get_linewidth() > 2]
     assert len(shared) == 1
     labels = texts(fig)
     assert labels.count("7") >= 3  # two table cells and the physical block's id
     assert {"A #0", "A #1", "B #0", "B #1", "logical blocks", "block table", "physical blocks"} <= set(labels)
-    assert matplotlib.colors.same_color(slots[0].get_facecolor(), SEQUENCE_COLORS[0])  # A, as in draw_pool
+    assert matplotlib.colors.same_color(filled[3].get_facecolor(), SEQUENCE_COLORS[0])  # A's first block
 
 
 def test_block_tables_plain_data():

@@ -7,8 +7,8 @@ from matplotlib.colors import same_color
 from matplotlib.figure import Figure
 
 from minipaged import LLM, SamplingParams
-from minipaged.viz.blocks import PoolState
 from minipaged.viz.palette import SHARED
+from minipaged.viz.pool import PoolState
 from minipaged.viz.prefix import (
     as_state,
     copies_between,

@@ -16,7 +16,6 @@ from minipaged.viz.scheduler import (
     draw_timeline,
     during_steps,
     seq_names,
-    timeline_states,
 )
 from minipaged.viz.style import save_figure
 
@@ -108,16 +107,15 @@ def test_draw_step_as_an_animation_frame(run):
 
 def test_timeline_rows_and_states(run, tmp_path):
     snaps, *_ = run
-    states, finished = timeline_states(snaps)
-    assert len(states) == 4 and len(finished) == 4
-    assert {st for per in states.values() for st in per.values()} <= set(STATE_COLORS)
     fig = draw_timeline(snaps)
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()] == ["R3", "R2", "R1", "R0"]  # bottom to top
     preempted_runs = [p for p in ax.patches if p.get_hatch() == "xx"]
     assert len(preempted_runs) == sum(len(s.preempted) for s in snaps)  # each preemption lasts one step
+    faces = {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches}
+    assert faces <= {matplotlib.colors.to_hex(c) for c in STATE_COLORS.values()}
     (markers,) = ax.lines
-    assert len(markers.get_xdata()) == 4
+    assert len(markers.get_xdata()) == 4  # every request finished, each at the end of its last step
     legend_labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert {"waiting", "prefill", "decode", "preempted", "finished"} <= set(legend_labels)
     _saves(fig, tmp_path, "timeline")
