@@ -1,6 +1,6 @@
 """Stage 4 pictures: how the Triton paged-attention kernel splits and walks its work, drawn from the
 numbers of :mod:`minipaged.kernels.tiled` (the kernel's algorithm in torch). Loop step ``k`` takes the
-``k``-th sequence colour. Patches carry a ``gid`` (``"program"``, ``"idle"``, ``"logical"``,
+``k``-th sequence colour. Patches carry a ``gid`` (``"program"``, ``"idle"``,
 ``"slot"``, ``"read"``, ``"score"``); arrows from logical to physical blocks are ``ConnectionPatch``es.
 """
 
@@ -16,6 +16,7 @@ from matplotlib.ticker import MaxNLocator
 from minipaged.kernels.tiled import kv_tiles, online_softmax_trace, program_reads, query_tile
 from minipaged.utils import cdiv
 from minipaged.viz.palette import FREE, WASTE, owner_color, text_color
+from minipaged.viz.slots import slot_grid
 from minipaged.viz.style import SMALL, new_figure
 
 
@@ -116,19 +117,13 @@ def draw_program_reads(
     ratios = dict(width_ratios=[block_size + 0.2, block_size + 4.3])
     fig, (ax_l, ax_p) = new_figure(max(9.0, block_size + 8.0), 0.42 * height + 2.6, ncols=2, gridspec_kw=ratios)
 
-    def slot(ax, o: int, row: int, face: str, pos: int | None, gid: str) -> None:
-        """The cell at offset ``o`` of row ``row``, labelled with the position it holds (small blocks only)."""
-        ax.add_patch(Rectangle((o, height - 1 - row), 1, 1, fc=face, ec="white", lw=1.2, gid=gid))
-        if block_size <= 8 and pos is not None:
-            ax.text(o + 0.5, height - 0.5 - row, pos, ha="center", va="center", fontsize=SMALL, color=text_color(face))
-
     def color(pos: int) -> str:
         return owner_color(step_of[pos]) if pos in step_of else FREE
 
-    for j in range(n_logical):  # left: the sequence in logical order
-        for o, pos in enumerate(range(j * block_size, (j + 1) * block_size)):
-            inside = pos < context_len
-            slot(ax_l, o, j, color(pos) if inside else "white", pos if inside else None, "logical")
+    labels = {pos: str(pos) for pos in range(context_len)} if block_size <= 8 else {}
+    logical = {pos: color(pos) for pos in range(context_len)}  # left: the sequence, a row per logical block
+    slot_grid(ax_l, n_logical, block_size, logical, labels, empty="white", top=height)
+    for j in range(n_logical):
         ax_l.text(-0.2, height - 0.5 - j, f"L{j}", ha="right", va="center", fontsize=SMALL + 2)
     ax_l.set_title(f"sequence, logical order\n({context_len} tokens, KV tiles of {block_n})", fontsize=SMALL + 3)
 
@@ -137,14 +132,13 @@ def draw_program_reads(
     for step, r in ((step, r) for step, reads in enumerate(steps) for r in reads):
         read_by.setdefault(r.physical, (set(), set()))[0].add(r.logical)
         read_by[r.physical][1].add(step)
-    slot_pos: dict[tuple[int, int], int] = {}  # (block, offset) -> the first position read from it
+    physical: dict[int, int] = {}  # slot -> the first position read from it
     for pos in sorted(step_of):
-        slot_pos.setdefault((used[pos // block_size], pos % block_size), pos)
+        physical.setdefault(used[pos // block_size] * block_size + pos % block_size, pos)
+    labels = {slot: labels[pos] for slot, pos in physical.items() if pos in labels}
+    slot_grid(ax_p, num_blocks, block_size, {slot: color(pos) for slot, pos in physical.items()}, labels, top=height)
     for b in range(num_blocks):
         y = height - 1 - b
-        for o in range(block_size):
-            pos = slot_pos.get((b, o))
-            slot(ax_p, o, b, FREE if pos is None else color(pos), pos, "slot")
         ax_p.text(-0.2, y + 0.5, str(b), ha="right", va="center", fontsize=SMALL + 2)
         if b in read_by:
             ax_p.add_patch(Rectangle((0, y), block_size, 1, fill=False, ec="black", lw=2.2, zorder=3, gid="read"))

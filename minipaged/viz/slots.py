@@ -23,6 +23,19 @@ def _name(i: int, seq_names: Sequence[str] | None) -> str:
     return seq_names[i] if seq_names is not None and i < len(seq_names) else chr(65 + i) if i < 26 else f"s{i}"
 
 
+def slot_grid(ax, rows: int, block_size: int, face: Mapping, labels=None, new=(), empty=FREE, top=None) -> None:
+    """``rows`` rows of slots (row r: slots ``r * block_size`` on), going down from ``top`` (default ``rows``):
+    slot s filled with ``face[s]`` (absent: ``empty``), written with ``labels[s]``, outlined when in ``new``."""
+    top = rows if top is None else top
+    for s in range(rows * block_size):
+        (r, o), color = divmod(s, block_size), face.get(s, empty)
+        ax.add_patch(Rectangle((o, top - 1 - r), 1, 1, fc=color, ec="white", lw=1.2, gid="slot"))
+        if labels and s in labels:
+            ax.text(o + 0.5, top - 0.5 - r, labels[s], ha="center", va="center", fontsize=SMALL, c=text_color(color))
+        if s in new:  # on top of the slot: an unfilled Rectangle
+            ax.add_patch(Rectangle((o + 0.08, top - r - 0.92), 0.84, 0.84, fill=False, ec="black", lw=2.5, zorder=3))
+
+
 def _legend(seqs, seq_names: Sequence[str] | None) -> list[Patch]:
     return [Patch(fc=owner_color(q), label=f"seq {_name(q, seq_names)}") for q in sorted(seqs)]
 
@@ -110,8 +123,8 @@ def draw_pool_fill(
 
     frames: ``(label, block_tables, num_tokens)`` with ``block_tables[i]`` the physical blocks of
     sequence ``i`` and ``num_tokens[i]`` the tokens it holds. A panel is the pool as a grid (one
-    row per block, one column per offset); the tokens written since the previous frame get a
-    thick black outline (an unfilled ``Rectangle`` on top of the slot's).
+    row per block, one column per offset, :func:`slot_grid`); the tokens written since the previous
+    frame get a thick black outline.
     """
     if not frames:
         raise ValueError("draw_pool_fill needs at least one frame")
@@ -124,15 +137,10 @@ def draw_pool_fill(
             if ntok > len(table) * block_size:
                 raise ValueError(f"sequence {i} holds {ntok} tokens but has only {len(table)} blocks")
             owner.update({table[p // block_size] * block_size + p % block_size: i for p in range(ntok)})
-        for s in range(num_blocks * block_size):
-            x, y = s % block_size, num_blocks - 1 - s // block_size
-            ax.add_patch(Rectangle((x, y), 1, 1, fc=owner_color(owner[s]) if s in owner else FREE, ec="white", lw=1))
-            if s in owner and prev.get(s) != owner[s]:  # written since the previous frame: outline on top
-                ax.add_patch(Rectangle((x + 0.08, y + 0.08), 0.84, 0.84, fill=False, ec="black", lw=2.5, zorder=3))
+        new = [s for s, seq in owner.items() if prev.get(s) != seq]  # written since the previous frame
+        slot_grid(ax, num_blocks, block_size, {s: owner_color(q) for s, q in owner.items()}, new=new)
         ax.set(xlim=(0, block_size), ylim=(0, num_blocks), aspect="equal", xticks=[])
-        ax.set_yticks(
-            [num_blocks - 0.5 - b for b in range(num_blocks)], [str(b) for b in range(num_blocks)], fontsize=12
-        )
+        ax.set_yticks([num_blocks - 0.5 - b for b in range(num_blocks)], list(map(str, range(num_blocks))), fontsize=12)
         ax.tick_params(length=0)
         ax.spines[["left", "bottom"]].set_visible(False)
         ax.set_title(label, fontsize=12)
