@@ -8,7 +8,6 @@ systems side by side. Patches carry a ``gid`` (``"used"``, ``"empty"``, ``"hole"
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -19,40 +18,8 @@ from minipaged.viz.palette import EMPTY_HATCH, FREE, WASTE, owner_inks, series_c
 from minipaged.viz.style import FONT_SIZE, SMALL, box, new_figure
 
 
-@dataclass
-class MemoryMap:
-    """Stage 0's slot address space: ``reservations`` maps an owner to ``(start, size)``, in
-    address order; the first ``used[owner]`` slots of a reservation hold tokens."""
-
-    num_slots: int
-    reservations: dict[Hashable, tuple[int, int]]
-    used: dict[Hashable, int]
-
-    @classmethod
-    def from_arena(cls, arena: FirstFitArena, used: Mapping[Hashable, int] | None = None) -> MemoryMap:
-        return cls(arena.num_slots, arena.reservations(), dict(used or {}))
-
-    @classmethod
-    def from_cache(cls, cache: ContiguousKVCache) -> MemoryMap:
-        """A contiguous KV cache's arena, its ``num_tokens`` as the slots used."""
-        return cls.from_arena(cache.arena, cache.num_tokens)
-
-    def tokens(self, owner: Hashable) -> int:
-        """Slots of ``owner``'s reservation that hold tokens."""
-        return max(0, min(int(self.used.get(owner, 0)), self.reservations[owner][1]))
-
-    def holes(self) -> list[tuple[int, int]]:
-        """(start, size) of every free range, in address order."""
-        holes, cursor = [], 0
-        for start, size in sorted(self.reservations.values()):
-            if start > cursor:
-                holes.append((cursor, start - cursor))
-            cursor = max(cursor, start + size)
-        return holes + ([(cursor, self.num_slots - cursor)] if cursor < self.num_slots else [])
-
-
 def draw_memory_map(
-    memory: MemoryMap | FirstFitArena | ContiguousKVCache,
+    memory: FirstFitArena | ContiguousKVCache,
     num_slots: int | None = None,
     used: Mapping[Hashable, int] | None = None,
     title: str | None = None,
@@ -61,35 +28,32 @@ def draw_memory_map(
 ) -> Figure:
     """The slot address space as one bar: each reservation in its owner's colour, holes in grey.
 
-    ``memory``: a :class:`MemoryMap`, an arena (with ``used``) or a contiguous cache; ``num_slots``
-    overrides the length of the bar. A reservation's first ``used[owner]`` slots hold tokens (solid),
-    the rest is reserved but empty (hatched: internal waste). Holes are free (grey); many small holes
-    adding up to more than the largest one are external fragmentation. Owners are written on
-    reservations at least ``label_min_frac`` of the bar wide.
+    ``memory``: stage 0's arena (``used``: owner -> slots holding tokens) or a contiguous cache (its
+    arena and ``num_tokens``); ``num_slots`` overrides the length of the bar. A reservation's first
+    ``used[owner]`` slots hold tokens (solid), the rest is reserved but empty (hatched: internal
+    waste). Holes are free (grey); many small holes adding up to more than the largest one are
+    external fragmentation. Owners are written on reservations at least ``label_min_frac`` wide.
     """
     if isinstance(memory, ContiguousKVCache):
-        memory = MemoryMap.from_cache(memory)
-    elif isinstance(memory, FirstFitArena):
-        memory = MemoryMap.from_arena(memory, used)
+        memory, used = memory.arena, memory.num_tokens
+    reservations, holes = memory.reservations(), memory.holes()
+    tokens = {o: max(0, min(int((used or {}).get(o, 0)), size)) for o, (_, size) in reservations.items()}
     total = memory.num_slots if num_slots is None else num_slots
     if total < 1:
         raise ValueError("nothing to draw: the map has no slots")
     fig, ax = new_figure(width, 2.8)
-    inks = owner_inks(memory.reservations)
-    for owner, (start, size) in memory.reservations.items():
-        full = memory.tokens(owner) / max(size, 1)  # solid; the rest hatched in the owner's colour: reserved, empty
+    inks = owner_inks(reservations)
+    for owner, (start, size) in reservations.items():
+        full = tokens[owner] / max(size, 1)  # solid; the rest hatched in the owner's colour: reserved, empty
         box(ax, (start, 0, size, 1), inks[owner], full, ec="black", lw=1.5, hatch=EMPTY_HATCH)
         if size >= label_min_frac * total:
             ax.text(start + size / 2, 1.12, str(owner), ha="center", va="bottom", fontsize=FONT_SIZE - 2)
-    holes = memory.holes()
     for start, size in holes:
         ax.add_patch(Rectangle((start, 0), size, 1, fc=FREE, ec=WASTE, lw=0.8, gid="hole"))
     ax.set(xlim=(0, total), ylim=(0, 1.6), yticks=[], xlabel="slot address")
     ax.spines["left"].set_visible(False)
-    reserved = sum(size for _, size in memory.reservations.values())
-    n_used = sum(memory.tokens(o) for o in memory.reservations)
-    largest = max((size for _, size in holes), default=0)
-    summary = f"{len(memory.reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
+    reserved, largest = sum(size for _, size in reservations.values()), max((size for _, size in holes), default=0)
+    summary = f"{len(reservations)} reservations, {sum(tokens.values())}/{reserved} reserved slots hold tokens; "
     summary += f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {largest})"
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
     handles = [Patch(fc="#777777", ec="black", label="holds tokens (owner's colour)")]
