@@ -278,9 +278,7 @@ FPS = 1.5  # engine steps per second: time to read a caption
 ICONS = {"minus": "−", "plus": "+", "play": "▶", "pause": "❚❚", "step-backward": "◀❙", "step-forward": "❙▶"}
 ICONS |= {"fast-backward": "⏮", "fast-forward": "⏭"}
 OFFLINE_CSS = "".join(f'.fa-{k}::before {{ content: "{v}"; }}\n' for k, v in ICONS.items())
-OFFLINE_CSS += (
-    ".fa-flip-horizontal { display: inline-block; transform: scaleX(-1); }\nbody { font-family: sans-serif; }"
-)
+OFFLINE_CSS += ".fa-flip-horizontal { display: inline-block; transform: scaleX(-1); }\n"
 
 
 def prefix_frames(max_steps: int = 200) -> Movie:

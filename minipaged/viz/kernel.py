@@ -66,12 +66,9 @@ def draw_launch_grid(
                 ax.text(*at, f"({s},{h},{t})", ha="center", va="center", fontsize=SMALL + 1, color=ink, weight="bold")
                 if not tokens:
                     continue  # the legend says what grey means: no label repeated in every box
-                lines = [f"q {_span(tokens[0], tokens[-1])}"]
-                if group is not None:
-                    lines.append(f"heads {_span(h * group, h * group + group - 1)}")
-                ax.text(
-                    x + cw / 2, y + ch * 0.33, "\n".join(lines), ha="center", va="center", fontsize=SMALL, color=ink
-                )
+                lines = f"q {_span(tokens[0], tokens[-1])}"
+                lines += f"\nheads {_span(h * group, h * group + group - 1)}" if group is not None else ""
+                ax.text(x + cw / 2, y + ch * 0.33, lines, ha="center", va="center", fontsize=SMALL, color=ink)
         label = names[s] + ("" if q_len is None else f"\nq_len {q_len}")
         ax.text(x0 + seq_w / 2, num_kv_heads * ch + 0.12, label, ha="center", va="bottom", fontsize=SMALL + 2)
     for h in range(num_kv_heads):
@@ -142,12 +139,8 @@ def draw_program_reads(
         ax_p.text(-0.2, y + 0.5, str(b), ha="right", va="center", fontsize=SMALL + 2)
         if b in read_by:
             ax_p.add_patch(Rectangle((0, y), block_size, 1, fill=False, ec="black", lw=2.2, zorder=3, gid="read"))
-            label = (
-                ",".join(f"L{lg}" for lg in sorted(read_by[b][0]))
-                + "  step "
-                + ",".join(map(str, sorted(read_by[b][1])))
-            )
-            ax_p.text(block_size + 0.25, y + 0.5, label, ha="left", va="center", fontsize=SMALL + 1)
+            logicals, stps = ",".join(f"L{i}" for i in sorted(read_by[b][0])), ",".join(map(str, sorted(read_by[b][1])))
+            ax_p.text(block_size + 0.25, y + 0.5, f"{logicals}  step {stps}", ha="left", va="center", fontsize=11)
     ax_p.set_title(f"physical pool ({num_blocks} blocks x {block_size} slots)", fontsize=SMALL + 3)
     ax_p.text(-0.2, height + 0.15, "block", ha="right", va="bottom", fontsize=SMALL + 1)
     for ax, right in ((ax_l, block_size + 0.1), (ax_p, block_size + 4.2)):

@@ -79,11 +79,9 @@ def draw_waste(
     fills = {o: max(0, min(int(used.get(o, 0)), int(reserved[o]))) for o in owners}
     for row, owner in enumerate(owners):
         size, y = int(reserved[owner]), len(owners) - 1 - row
-        box(
-            ax, (0, y - 0.35, size, 0.7), inks[owner], fills[owner] / size if size else 0, ec="black", hatch=EMPTY_HATCH
-        )
-        empty = 100 * (1 - fills[owner] / size) if size else 0
-        ax.text(size, y, f" {empty:.0f}% empty", va="center", fontsize=FONT_SIZE - 2)
+        full = fills[owner] / size if size else 1.0
+        box(ax, (0, y - 0.35, size, 0.7), inks[owner], full, ec="black", hatch=EMPTY_HATCH)
+        ax.text(size, y, f" {100 * (1 - full):.0f}% empty", va="center", fontsize=FONT_SIZE - 2)
     ax.set_yticks(range(len(owners)), [str(o) for o in reversed(owners)])
     ax.set(ylim=(-0.7, len(owners) - 0.3), xlim=(0, max(int(v) for v in reserved.values()) * 1.2 or 1), xlabel=unit)
     total, total_used = sum(int(v) for v in reserved.values()), sum(fills.values())

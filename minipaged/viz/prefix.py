@@ -97,9 +97,8 @@ def _panel(ax, st: PoolState, g: dict, block_size: int, inks, font: float, show_
     shown, rows, text = g["shown"], g["rows"], dict(va="center", fontsize=font - 1, color=MUTED)
     pool_top = rows - max(0, rows - cdiv(shown, g["ncols"])) / 2
     pool = PoolState(st.ref_cnt[:shown], st.cached[:shown], None, st.owners)
-    xy = pool_grid(
-        ax, pool, inks, g["ncols"], top=pool_top, x0=g["pool_x"], fill=st.block_fill(block_size), label=None, size=font
-    )
+    grid = dict(top=pool_top, x0=g["pool_x"], fill=st.block_fill(block_size), label=None, size=font)
+    xy = pool_grid(ax, pool, inks, g["ncols"], **grid)
     longest = max(map(len, st.tables.values()), default=0)
     if head:
         ax.text(g["pool_x"], rows + 0.3, "physical blocks (the pool)", ha="left", **{**text, "color": "black"})
@@ -111,9 +110,8 @@ def _panel(ax, st: PoolState, g: dict, block_size: int, inks, font: float, show_
     if shown < len(st.ref_cnt):
         more = f"+ {len(st.ref_cnt) - shown} more blocks, all free"
         ax.text(g["width"], pool_top - cdiv(shown, g["ncols"]) - 0.15, more, ha="right", **{**text, "va": "top"})
-    ax.set(
-        xlim=(-g["label_w"], g["width"] + 0.2), ylim=(-0.3 if shown == len(st.ref_cnt) else -0.8, top), aspect="equal"
-    )
+    bottom = -0.3 if shown == len(st.ref_cnt) else -0.8
+    ax.set(xlim=(-g["label_w"], g["width"] + 0.2), ylim=(bottom, top), aspect="equal")
     ax.set_anchor("N")  # spare height goes below the drawing, never above the title
     ax.axis("off")
     return xy

@@ -26,20 +26,10 @@ WIDGET_DPI = 100
 EDGE = "#444444"  # the outline of a block
 HALO = [patheffects.withStroke(linewidth=3, foreground="white")]  # black text that reads on any fill
 
-mpl.rcParams.update(  # applied when minipaged.viz is imported
-    {
-        "font.size": FONT_SIZE,
-        "axes.titlesize": FONT_SIZE + 2,
-        "axes.labelsize": FONT_SIZE,
-        "legend.fontsize": FONT_SIZE - 2,
-        "xtick.labelsize": FONT_SIZE - 2,
-        "ytick.labelsize": FONT_SIZE - 2,
-        "axes.spines.top": False,
-        "axes.spines.right": False,
-        "axes.prop_cycle": mpl.cycler(color=SEQUENCE_COLORS),
-        "svg.fonttype": "none",
-    }
-)
+STYLE = {"font.size": FONT_SIZE, "axes.labelsize": FONT_SIZE, "axes.titlesize": FONT_SIZE + 2, "svg.fonttype": "none"}
+STYLE |= {key: FONT_SIZE - 2 for key in ("legend.fontsize", "xtick.labelsize", "ytick.labelsize")}
+STYLE |= {"axes.spines.top": False, "axes.spines.right": False, "axes.prop_cycle": mpl.cycler(color=SEQUENCE_COLORS)}
+mpl.rcParams.update(STYLE)  # applied when minipaged.viz is imported
 
 
 def fit(width: float, height: float) -> tuple[float, float]:
