@@ -132,7 +132,8 @@ def draw_step(
         spark.step(*zip(*[(x, y) for x, y in usage if x <= snapshot.step]), where="mid", color=PAGED, lw=2)
         spark.set(xlim=(min(steps) - 0.5, max(steps) + 0.5), ylim=(0, len(pool.ref_cnt)), xlabel="step")
         spark.set_title("blocks in use", loc="left", fontsize=13)
-        spark.xaxis.set_major_locator(MaxNLocator(integer=True))
+        for axis in (spark.xaxis, spark.yaxis):  # whole steps, whole blocks
+            axis.set_major_locator(MaxNLocator(integer=True))
     n = len(pool.ref_cnt)
     shape = 2.6 * MAX_WIDTH / 3.6 / 2.4 if usage else MAX_WIDTH / 2.4  # the pool's width / height
     rows = max(range(1, n + 1), key=lambda r: min(shape / cdiv(n, r), 1 / r), default=1)
