@@ -202,7 +202,7 @@ def test_cli_writes_a_self_contained_html_page(tmp_path):
     pngs = embedded_pngs(page)
     assert len(pngs) == 2 and len(set(pngs)) == 2 and all(p.startswith(PNG_MAGIC) for p in pngs)
     assert {Image.open(io.BytesIO(p)).size for p in pngs} == {(animate.WIDTH // 2, animate.HEIGHT // 2)}
-    assert "<li>step 1: " in page and "<li>step 2: " in page  # the captions, as text
+    assert len(re.findall(r"<li>step \d+: ", page)) == 2  # the captions, as text
 
 
 def test_render_rejects_an_unknown_format(prefix_movie, tmp_path):

@@ -101,8 +101,8 @@ def test_draw_step_as_an_animation_frame(run):
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert "step 2: hello" in texts and "new" in texts and "totals: 0" in fig.axes[1].texts[0].get_text()
     (line,) = fig.axes[-1].lines
-    assert list(line.get_xdata()) == [1, 2]  # blocks in use up to this step
-    assert fig.axes[-1].get_xlim() == (0.5, len(snaps) + 0.5)  # the whole run's steps
+    assert list(line.get_xdata()) == [snaps[0].step, snaps[1].step]  # blocks in use up to this step
+    assert fig.axes[-1].get_xlim() == (snaps[0].step - 0.5, snaps[-1].step + 0.5)  # the whole run's steps
 
 
 def test_timeline_rows_and_states(run, tmp_path):
