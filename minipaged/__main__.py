@@ -73,6 +73,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minipaged", description="minipaged: paged KV memory, step by step")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -94,9 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.add_parser("animate", help="animate a real engine run, step by step, as a GIF or an HTML page")
     a.add_argument("which", choices=("prefix", "engine"))
     a.add_argument("--out", required=True, help="the file to write: .gif, or .html (self-contained, plays offline)")
-    a.add_argument("--fps", type=float, default=1.5, help="frames (engine steps) per second")
-    a.add_argument("--max-frames", type=int, default=None, help="stop after this many frames")
-    a.add_argument("--dpi", type=int, default=100, help="pixels per inch: 100 makes 1280 x 800 frames")
+    a.add_argument("--fps", type=_rate, default=1.5, help="frames (engine steps) per second")
+    a.add_argument("--max-frames", type=_positive, default=None, help="stop after this many frames")
+    a.add_argument("--dpi", type=_positive, default=100, help="pixels per inch: 100 makes 1280 x 800 frames")
     args = p.parse_args(argv)
     if args.cmd == "demo":
         demo(args)

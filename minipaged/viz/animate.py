@@ -275,8 +275,8 @@ def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movi
 WIDTH, HEIGHT, DPI = 1280, 800, 100  # pixels of a frame at DPI
 FPS = 1.5  # engine steps per second: time to read a caption
 # to_jshtml's buttons are Font Awesome icons from a CDN: offline pages draw them as characters instead.
-ICONS = {"minus": "−", "plus": "+", "play": "▶", "pause": "❚❚", "step-backward": "◀❙", "step-forward": "❙▶"}
-ICONS |= {"fast-backward": "⏮", "fast-forward": "⏭"}
+ICONS = {"minus": "−", "plus": "+", "play": "▶", "pause": "❚❚", "step-backward": "|◀", "step-forward": "▶|"}
+ICONS |= {"fast-backward": "|◀◀", "fast-forward": "▶▶|"}
 OFFLINE_CSS = "".join(f'.fa-{k}::before {{ content: "{v}"; }}\n' for k, v in ICONS.items())
 OFFLINE_CSS += ".fa-flip-horizontal { display: inline-block; transform: scaleX(-1); }\n"
 
@@ -374,13 +374,10 @@ def player(movie: Movie):
 
 
 def main(which: str, out: str | Path, fps: float = FPS, max_frames: int | None = None, dpi: int = DPI) -> Path:
-    """``python -m minipaged animate {prefix,engine} --out FILE``: run the scenario and write the animation."""
+    """``python -m minipaged animate {prefix,engine} --out FILE`` (which checks ``fps``, ``max_frames``
+    and ``dpi``): run the scenario and write the animation."""
     if which not in SCENARIOS:
         raise ValueError(f"unknown animation {which!r}: choose one of {', '.join(SCENARIOS)}")
-    if max_frames is not None and max_frames < 1:
-        raise ValueError(f"max_frames must be at least 1, got {max_frames}")
-    if fps <= 0 or dpi < 20:
-        raise ValueError(f"fps must be positive and dpi at least 20, got fps={fps}, dpi={dpi}")
     _checked(out)  # before the run, not after it
     movie = run_scenario(which, max_steps=max_frames or 200)  # one frame per step
     path = render(movie, out, fps=fps, dpi=dpi)
