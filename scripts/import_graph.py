@@ -43,14 +43,14 @@ KINDS = ("module", "function", "type", "by name")
 # Layers, bottom to top; the boxes of one layer are stacked top to bottom in the order listed.
 # A box may import the boxes below it.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["utils", "config"]),
+    ("base", ["utils"]),
     ("kv", ["kv"]),
     ("attention", ["attention"]),
     ("kernels", ["kernels"]),
     ("model", ["model"]),
-    ("engine", ["engine", "generate"]),
+    ("engine", ["engine", "static_generate"]),
     ("sim, tiny", ["sim", "tiny"]),
-    ("viz, bench, CLI", ["__main__", "bench", "viz", "__init__"]),
+    ("viz, bench, course, CLI", ["__main__", "course", "bench", "viz", "__init__"]),
 ]
 # Box titles other than "name/" (a sub-package) or "name.py" (a top-level module).
 NODE_TITLES = {"__main__": "__main__.py  (the CLI)", "__init__": "__init__.py  (the public API)"}
