@@ -148,12 +148,12 @@ def test_random_faults_leave_no_trace(tiny_model_dir, config):
     requests: dict[int, tuple[list[int], SamplingParams]] = {}
     aborted: set[int] = set()
     steps = faults = checked = 0
-    while steps < 700:
-        if rng.random() < 0.25 and len(requests) < 120:
+    while steps < 600:
+        if (rng.random() < 0.3 or not llm.has_unfinished_requests()) and len(requests) < 250:
             prompt, params = random_request(rng, prefixes)
             requests[llm.add_request(prompt, params)] = (prompt, params)
         if not llm.has_unfinished_requests():
-            continue
+            break
         if rng.random() < 0.25:
             inject(llm, rng, layers)
             with pytest.raises((Boom, KeyboardInterrupt)):
@@ -171,7 +171,7 @@ def test_random_faults_leave_no_trace(tiny_model_dir, config):
         if steps % 5 == 0:
             checked += check_cached_kv(llm)
     drain(llm)
-    assert faults > 100 and checked > 500
+    assert steps == 600 and faults > 100 and checked > 500
     free = llm.kv_manager.pool.num_free_blocks if hasattr(llm.kv_manager, "pool") else None
     assert free in (None, llm.num_blocks)
     solo = LLM(tiny_model_dir, **args)
