@@ -77,6 +77,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minipaged", description="minipaged: paged KV memory, step by step")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -109,8 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         "(notebook 06); engine: requests arriving, chunked prefill, block tables growing, a preemption (notebook 05)",
     )
     a.add_argument("--out", required=True, help="the file to write: .gif, or .html (self-contained, plays offline)")
-    a.add_argument("--fps", type=float, default=1.5, help="frames (engine steps) per second")
-    a.add_argument("--max-frames", type=int, default=None, help="stop after this many frames")
+    a.add_argument("--fps", type=_rate, default=1.5, help="frames (engine steps) per second")
+    a.add_argument("--max-frames", type=_positive, default=None, help="stop after this many frames")
+    a.add_argument("--dpi", type=_positive, default=100, help="pixels per inch: 100 makes 1280 x 800 frames")
     c = sub.add_parser(
         "course",
         help="write a learner's copy of the notebooks and exercises: no outputs, guesses blank",
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "animate":
         from minipaged.viz import animate
 
-        animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames)
+        animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
     else:
         importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
 

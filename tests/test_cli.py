@@ -71,6 +71,8 @@ BAD = {
     "not a number": ["demo", "--num-prompts", "many"],
     "animate without --out": ["animate", "prefix"],
     "unknown animation": ["animate", "movie", "--out", "x.gif"],
+    "animation of no frames": ["animate", "prefix", "--out", "x.gif", "--max-frames", "0"],
+    "animation at 0 fps": ["animate", "prefix", "--out", "x.gif", "--fps", "0"],
     "unknown bench option": ["bench", "memory", "--bogus"],
     "bench option not a number": ["bench", "memory", "--requests", "lots"],
 }
