@@ -9,11 +9,15 @@ import argparse
 import sys
 from pathlib import Path
 
+ALIASES = {"capstone": 7}  # the stages with a name as well as a number
+
 
 def _stage(text: str) -> int:
     number = text.lower().removeprefix("stage")
-    if not number.isdigit() or int(number) > 6:
-        raise argparse.ArgumentTypeError(f"not a stage: {text!r} (stage0 .. stage6)")
+    if number in ALIASES:
+        return ALIASES[number]
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"not a stage: {text!r} (stage0 .. stage7, or capstone)")
     return int(number)
 
 
@@ -22,9 +26,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m exercises",
         description="Check your exercises (exercises/stageN_*.py) and say where you stand.",
         epilog="examples: python -m exercises stage3 · python -m exercises stage3 gather_sequence_kv · "
-        "python -m exercises",
+        "python -m exercises capstone · python -m exercises",
     )
-    parser.add_argument("stage", nargs="?", type=_stage, help="stage0 .. stage6 (or 0 .. 6); every stage if left out")
+    parser.add_argument(
+        "stage", nargs="?", type=_stage, help="stage0 .. stage7 (or 0 .. 7, capstone = 7); every stage if left out"
+    )
     parser.add_argument("exercise", nargs="*", help="check only these exercises of the stage")
     parser.add_argument("--file", type=Path, help="check this file instead of exercises/stageN_*.py")
     parser.add_argument("-v", "--verbose", action="store_true", help="show every failing check, not only the first")
@@ -37,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"python -m exercises needs pytest and the minipaged package ({exc}): pip install -e '.[test]'")
         return 2
+    if args.stage is not None and args.stage not in harness.STAGES:
+        parser.error(f"not a stage: {args.stage} (stage0 .. stage{max(harness.STAGES)}, or capstone)")
 
     if args.stage is None:
         reports = harness.check(dict.fromkeys(harness.STAGES))

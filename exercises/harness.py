@@ -35,7 +35,20 @@ from exercises.report import Check, ExerciseReport, StageReport
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = ROOT / "exercises"
-TESTS = ROOT / "tests" / "exercises"
+
+
+def _checks_folder() -> Path:
+    """``tests/exercises`` beside this folder; in a learner's copy (``python -m minipaged course``),
+    which has no tests, that of the repository the installed minipaged comes from."""
+    here = ROOT / "tests" / "exercises"
+    if here.is_dir():
+        return here
+    import minipaged
+
+    return Path(minipaged.__file__).resolve().parents[1] / "tests" / "exercises"
+
+
+TESTS = _checks_folder()
 SOLUTIONS = TESTS / "solutions"
 
 # stage -> (file stem, notebook)
@@ -47,6 +60,7 @@ STAGES: dict[int, tuple[str, str]] = {
     4: ("stage4_triton", "04_triton_kernel"),
     5: ("stage5_scheduler", "05_scheduler"),
     6: ("stage6_prefix_cache", "06_prefix_caching"),
+    7: ("stage7_capstone", "04_triton_kernel"),  # the capstone: the decode kernel, after notebook 04
 }
 
 TARGETS = pytest.StashKey[dict]()  # file stem -> the module the checks run on

@@ -29,8 +29,8 @@ def decode_slot_mapping(
     padded on the right (as ``padded_block_tables`` builds it; the padding is never read);
     context_lens: a list of ints or an int tensor ``[num_seqs]``.
 
-    Example, block size 16: tables ``[[7, 3], [7, 9]]``, context_lens ``[24, 20]`` -> positions
-    23 and 19 -> ``tensor([55, 147])``.
+    Example, block size 16: the running example's decode step, tables ``[[7, 3], [7, 9]]``,
+    context_lens ``[25, 27]`` -> positions 24 and 26 -> ``tensor([56, 154])``.
 
     Hint: ``.tolist()`` turns a tensor into lists; build a Python list, then ``torch.tensor(..., dtype=torch.int64)``.
     """

@@ -7,9 +7,10 @@ Stage 0 :mod:`minipaged.kv.contiguous` · 1 :mod:`minipaged.kv.block_pool` · 2 
 
 import logging
 
+from minipaged.engine.beam_search import BeamSearchOutput, BeamSearchSequence
 from minipaged.engine.llm import LLM
 from minipaged.engine.outputs import CompletionOutput, RequestOutput, StepSnapshot
-from minipaged.engine.sampling_params import SamplingParams
+from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.kv.block_pool import BlockPool, KVCacheBlock, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
@@ -23,6 +24,9 @@ __all__ = [
     "RequestOutput",
     "CompletionOutput",
     "StepSnapshot",
+    "BeamSearchParams",
+    "BeamSearchOutput",
+    "BeamSearchSequence",
     "BlockPool",
     "KVCacheBlock",
     "NoFreeBlocksError",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m minipaged demo | eval | bench {memory,kernels,engine,prefix}``."""
+"""Command line: ``python -m minipaged demo | eval | bench | animate | course | slides``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def demo(args: argparse.Namespace) -> None:
     texts += [task.random_text(rng) for _ in range(args.num_prompts - len(texts))]
     prompts = [task.prompt_for(t, preamble if i % 2 == 0 else "") for i, t in enumerate(texts)]
     llm = LLM(block_size=16, num_kvcache_blocks=args.num_blocks, max_num_seqs=8, enable_prefix_caching=True)
+    print(
+        "The embedded model (2 layers, 2M parameters, shipped in the package) has learnt one task:\n"
+        "copy the text between <copy> and <end>, whatever comes before it. [ok ] means it copied exactly.\n"
+    )
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
     ok = 0
     for text, prompt, out in zip(texts, prompts, outputs):
@@ -73,16 +77,25 @@ def _positive(text: str) -> int:
     return value
 
 
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minipaged", description="minipaged: paged KV memory, step by step")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run the embedded model through the paged engine")
-    d.add_argument("--num-prompts", type=_positive, default=8)
-    d.add_argument("--num-blocks", type=int, default=64)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--num-prompts", type=_positive, default=8, help="how many copy prompts to serve (default 8)")
+    d.add_argument("--num-blocks", type=_positive, default=64, help="KV blocks of 16 tokens in the pool (default 64)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the random texts after the first four (default 0)")
     e = sub.add_parser("eval", help="accuracy of the embedded model through the engine")
-    e.add_argument("--num-cases", type=int, default=200)
-    e.add_argument("--num-blocks", type=int, default=None)
+    e.add_argument("--num-cases", type=_positive, default=200, help="seeded copy prompts to check (default 200)")
+    e.add_argument(
+        "--num-blocks", type=_positive, default=None, help="KV blocks in the pool (default: sized from kv_cache_memory)"
+    )
     b = sub.add_parser(
         "bench",
         help="print benchmark figures",
@@ -91,20 +104,54 @@ def main(argv: list[str] | None = None) -> None:
     )
     b.add_argument("which", choices=BENCHES, help="memory | kernels | engine | prefix")
     b.add_argument("options", nargs=argparse.REMAINDER, help="the bench's own options")
-    a = sub.add_parser("animate", help="animate a real engine run, step by step, as a GIF or an HTML page")
-    a.add_argument("which", choices=("prefix", "engine"))
+    a = sub.add_parser(
+        "animate",
+        help="animate a real engine run, step by step, as a GIF or an HTML page",
+        description="Animate a scripted run of the real engine, one frame per step, as a GIF or an offline HTML page.",
+    )
+    a.add_argument(
+        "which",
+        choices=("prefix", "engine"),
+        help="prefix: requests sharing a preamble, a fork with copy-on-write, LRU eviction and a later hit "
+        "(notebook 06); engine: requests arriving, chunked prefill, block tables growing, a preemption (notebook 05)",
+    )
     a.add_argument("--out", required=True, help="the file to write: .gif, or .html (self-contained, plays offline)")
-    a.add_argument("--fps", type=float, default=1.5, help="frames (engine steps) per second")
-    a.add_argument("--max-frames", type=int, default=None, help="stop after this many frames")
+    a.add_argument("--fps", type=_rate, default=1.5, help="frames (engine steps) per second")
+    a.add_argument("--max-frames", type=_positive, default=None, help="stop after this many frames")
+    a.add_argument("--dpi", type=_positive, default=100, help="pixels per inch: 100 makes 1280 x 800 frames")
+    c = sub.add_parser(
+        "course",
+        help="write a learner's copy of the notebooks and exercises: no outputs, guesses blank",
+        description="Write a learner's copy of notebooks/ and exercises/ into OUT_DIR: outputs stripped, "
+        "every my_guess blank, the exercises as stubs (their checks and solutions stay in the repository).",
+    )
+    c.add_argument("out_dir", help="a new (or empty) folder")
+    s = sub.add_parser(
+        "slides",
+        help="build reveal.js slides from the notebooks, one deck each, that open offline",
+        description="Build one reveal.js deck per notebook (OUT_DIR/NN_name.slides.html, and index.html), "
+        "with reveal.js and MathJax copied beside them: open them in a browser, no network needed.",
+    )
+    s.add_argument("out_dir", help="the folder to write the decks into")
     args = p.parse_args(argv)
     if args.cmd == "demo":
         demo(args)
     elif args.cmd == "eval":
         evaluate(args)
+    elif args.cmd == "course":
+        from minipaged.course.learner import make_learner_copy
+
+        written = make_learner_copy(args.out_dir)
+        print(f"{len(written)} files written to {args.out_dir}: jupyter lab {args.out_dir}/notebooks/")
+    elif args.cmd == "slides":
+        from minipaged.course.slides import build_slides
+
+        decks = build_slides(args.out_dir)
+        print(f"{len(decks)} decks written to {args.out_dir}: open {args.out_dir}/index.html in a browser")
     elif args.cmd == "animate":
         from minipaged.viz import animate
 
-        animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames)
+        animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
     else:
         importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
 

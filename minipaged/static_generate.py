@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minipaged.attention.backends import get_ops
+from minipaged.attention.backends import get_backend
 from minipaged.attention.cache_attention import (
     CacheAttention,
     ContiguousAttention,
@@ -73,7 +73,7 @@ def greedy_generate(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     cfg, dev = model.config, model.device
-    ops = get_ops(attention_backend, dev)
+    backend = get_backend(attention_backend, dev)
     seqs = [list(p) for p in prompts]
     max_len = max(len(p) for p in seqs) + max_new_tokens
     layers, kv_heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
@@ -85,7 +85,7 @@ def greedy_generate(
         )
         for i in range(len(seqs)):
             store.add_sequence(i)
-        contiguous = ContiguousAttention(store, ops)
+        contiguous = ContiguousAttention(store, backend)
     elif cache == "paged":
         need = sum(cdiv(len(p) + max_new_tokens, block_size) for p in seqs)
         num_blocks = need if num_blocks is None else num_blocks
@@ -100,7 +100,7 @@ def greedy_generate(
             pool,
             [BlockTable(block_size) for _ in seqs],
         )
-        paged = PagedAttention.of(store.kv, ops)
+        paged = PagedAttention(store.kv.k, store.kv.v, backend)
 
     out_tokens: list[list[int]] = [[] for _ in seqs]
     step_logits: list[torch.Tensor] = []
@@ -117,6 +117,7 @@ def greedy_generate(
         attn: CacheAttention
         if isinstance(store, ContiguousKVCache):
             contiguous.set_batch(list(range(len(seqs))), q_lens, ctx)
+            store.num_tokens.update(enumerate(ctx))  # this runner owns the cache's record
             attn = contiguous
         elif isinstance(store, PagedState):
             for table, q in zip(store.tables, q_lens):

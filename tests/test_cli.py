@@ -14,7 +14,7 @@ import pytest
 
 from minipaged.__main__ import BENCHES, main
 
-COMMANDS = ["demo", "eval", "bench", "animate"]
+COMMANDS = ["demo", "eval", "bench", "animate", "course", "slides"]
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -71,6 +71,8 @@ BAD = {
     "not a number": ["demo", "--num-prompts", "many"],
     "animate without --out": ["animate", "prefix"],
     "unknown animation": ["animate", "movie", "--out", "x.gif"],
+    "animation of no frames": ["animate", "prefix", "--out", "x.gif", "--max-frames", "0"],
+    "animation at 0 fps": ["animate", "prefix", "--out", "x.gif", "--fps", "0"],
     "unknown bench option": ["bench", "memory", "--bogus"],
     "bench option not a number": ["bench", "memory", "--requests", "lots"],
 }
@@ -116,3 +118,23 @@ def test_eval_reports_exact_completions(capsys):
     code, out, _ = run_main(["eval", "--num-cases", "4"], capsys)
     assert code == 0
     assert "embedded model: 4/4 exact completions (100.0%)" in out
+
+
+@pytest.mark.parametrize("command", ["demo", "eval", "animate", "course", "slides"])
+def test_every_option_and_argument_says_what_it_is(command, capsys):
+    """No bare option in ``--help``: each has a help text (argparse prints it on the same line or the next)."""
+    _, out, _ = run_main([command, "--help"], capsys)
+    body = out.split("options:", 1)[1] if "options:" in out else out
+    args = out.split("positional arguments:", 1)[1].split("options:")[0] if "positional arguments:" in out else ""
+    lines = [line for line in (args + body).splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("-") and "-h, --help" not in stripped:
+            described = len(stripped.split("  ")) > 1 or (i + 1 < len(lines) and lines[i + 1].startswith(" " * 10))
+            assert described, f"{command}: {stripped!r} has no help text"
+
+
+def test_animate_help_says_what_each_scenario_shows(capsys):
+    _, out, _ = run_main(["animate", "--help"], capsys)
+    out = re.sub(r"-\s+", "-", " ".join(out.split()))  # argparse wraps lines, and breaks at hyphens
+    assert "prefix:" in out and "copy-on-write" in out and "engine:" in out and "preemption" in out

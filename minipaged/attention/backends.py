@@ -1,27 +1,93 @@
-"""Attention backends: three implementations of the same three paged operations.
+"""Attention backends: one small interface, three implementations of paged attention.
 
-Each backend is a module with ``store_kvcache``, ``paged_prefill_attention`` and
-``paged_decode_attention`` (same names, shapes and semantics), so the caches can swap them:
+Every layer of a paged cache does the same three things each step: write the new tokens' K/V
+(``store_kvcache``), then attend, with a decode path (one new token per sequence) and a
+prefill path (any mix). Before the first layer, ``plan`` turns the step's
+:class:`~minipaged.attention.metadata.PagedMetadata` into whatever the backend wants to compute
+once per step rather than once per layer. :class:`AttentionBackend` is that interface:
 
-- ``"reference"``: :mod:`minipaged.attention.reference`, the per-sequence oracle (slow, readable);
-- ``"torch"``: :mod:`minipaged.attention.batched`, the whole batch in a few tensor ops;
-- ``"triton"``: :mod:`minipaged.kernels` (compiled on a GPU, Triton's interpreter on a CPU);
-- ``"auto"``: Triton on a CUDA device, the batched torch path elsewhere.
+- ``"reference"``: :class:`ReferenceBackend`, the per-sequence oracle every other backend is
+  tested against (:mod:`minipaged.attention.reference`; slow, readable);
+- ``"torch"``: :class:`TorchBackend`, the whole batch in a few tensor ops
+  (:mod:`minipaged.attention.batched`), the CPU default;
+- ``"triton"``: ``minipaged.kernels.TritonBackend`` (compiled on a GPU, Triton's interpreter on
+  a CPU), imported only when chosen, so ``import minipaged`` never imports Triton;
+- ``"auto"``: Triton on a CUDA device, torch elsewhere.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
+
+from minipaged.attention import batched, reference
+from minipaged.attention.batched import BatchPlan
+from minipaged.attention.metadata import PagedMetadata
 
 BACKENDS = ("reference", "torch", "triton", "auto")
-_MODULES = {
-    "reference": "minipaged.attention.reference",
-    "torch": "minipaged.attention.batched",
-    "triton": "minipaged.kernels",
-}
+
+
+class AttentionBackend(Protocol):
+    """q: [num_tokens, num_heads, head_dim] packed; k, v: [num_tokens, num_kv_heads, head_dim];
+    k_cache, v_cache: one layer's ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+
+    name: str
+
+    def plan(self, meta: PagedMetadata, block_size: int) -> Any:
+        """Per-step facts every layer reuses (None if the backend needs none)."""
+        ...
+
+    def store_kvcache(
+        self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    ) -> None: ...
+
+    def prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: Any
+    ) -> torch.Tensor: ...
+
+    def decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: Any
+    ) -> torch.Tensor: ...
+
+
+class ReferenceBackend:
+    """The oracle: one sequence at a time, in plain PyTorch."""
+
+    name = "reference"
+    store_kvcache = staticmethod(reference.store_kvcache)
+
+    def plan(self, meta: PagedMetadata, block_size: int) -> None:
+        return None
+
+    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: None) -> Tensor:
+        return reference.paged_prefill_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens
+        )
+
+    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: None) -> Tensor:
+        return reference.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
+
+
+class TorchBackend:
+    """The whole batch at once; its row layout and masks depend on the lengths only, so they are
+    planned once per step (:func:`~minipaged.attention.batched.plan_batch`)."""
+
+    name = "torch"
+    store_kvcache = staticmethod(batched.store_kvcache)
+
+    def plan(self, meta: PagedMetadata, block_size: int) -> BatchPlan:
+        return batched.plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, block_size)
+
+    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: BatchPlan) -> Tensor:
+        return batched.paged_prefill_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, plan=plan
+        )
+
+    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: BatchPlan) -> Tensor:
+        return batched.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, plan=plan)
 
 
 def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
@@ -33,6 +99,9 @@ def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
     return name
 
 
-def get_ops(name: str, device: torch.device | str = "cpu") -> ModuleType:
-    """The module holding backend ``name``'s three operations (Triton is imported only if chosen)."""
-    return importlib.import_module(_MODULES[resolve_backend(name, device)])
+def get_backend(name: str, device: torch.device | str = "cpu") -> AttentionBackend:
+    """An instance of backend ``name`` for ``device`` (Triton is imported only if chosen)."""
+    chosen = resolve_backend(name, device)
+    if chosen == "triton":
+        return importlib.import_module("minipaged.kernels").TritonBackend()
+    return ReferenceBackend() if chosen == "reference" else TorchBackend()

@@ -84,9 +84,7 @@ def _group(
     starts: Sequence[int],
     block_tables: torch.Tensor,
     block_size: int,
-) -> RowGroup | None:
-    if not seqs:
-        return None
+) -> RowGroup:
     device = block_tables.device
     if len(seqs) == len(q_lens) == sum(q_lens):  # a pure decode step: the common case, kept cheap
         ctx = torch.tensor(context_lens, dtype=torch.long, device=device)
@@ -210,7 +208,7 @@ def _gather(cache: torch.Tensor, grp: RowGroup) -> torch.Tensor:
 
 
 def _attend_group(
-    out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, grp: RowGroup, scale
+    out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, grp: RowGroup, scale: float | None
 ) -> None:
     """Attention of one group's rows, written into ``out`` (packed like ``q``)."""
     num_heads, head_dim = q.shape[1:]

@@ -39,7 +39,7 @@ class StepTimer:
         self._wrap(llm.runner, "prepare", "prepare")
         self._wrap(llm.model, "forward", "forward")
         self._wrap(llm.runner, "sample", "sample")
-        self._wrap(llm, "_run", "total")
+        self._wrap(llm, "_step_once", "total")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -48,7 +48,7 @@ class StepTimer:
 
     def shares(self) -> dict[str, float]:
         """Each phase's share of the total; ``other`` is the rest (postprocess, bookkeeping)."""
-        total = self.seconds["total"] + self.seconds["schedule"]  # _run does not include schedule
+        total = self.seconds["total"]  # the whole step: schedule, run, postprocess
         out = {p: self.seconds[p] / total for p in PHASES}
         out["other"] = 1 - sum(out.values())
         return out

@@ -1,9 +1,16 @@
-"""Stage 5: the engine. One noun per file:
+"""Stage 5: the engine. One noun per file; one step is three calls:
+``batch = scheduler.schedule()``, ``sampled = runner.run(batch)``,
+``scheduler.postprocess(batch, sampled)``.
 
-- :mod:`.sequence` (a request's tokens), :mod:`.sampling_params`, :mod:`.inputs` (prompts checked);
-- :mod:`.scheduler` (the queues, each step's work, and the bookkeeping after it);
-- :mod:`.kv_manager` (blocks: allocation, prefix hits, copy-on-write);
-- :mod:`.model_runner` (packing the batch, attention metadata, the forward);
-- :mod:`.sampler` (one batched draw); :mod:`.outputs` (what is handed back); :mod:`.config`;
-- :mod:`.llm` (the facade).
+- :mod:`.llm` (the facade: requests in, outputs out, the step and its rollback);
+- :mod:`.scheduler` (the queues, each step's work, and the bookkeeping after it) and
+  :mod:`.batch` (what a step decides, what the runner returns);
+- :mod:`.kv_layout` (the one place the cache layout is chosen), :mod:`.kv_manager` (paged
+  blocks: allocation, prefix hits, copy-on-write, swapping), :mod:`.contiguous_manager`
+  (stage 0's reservations, Orca's three policies);
+- :mod:`.model_runner` (block moves, packing, attention metadata, the forward, sampling) and
+  :mod:`.sampler` (one batched draw; a beam's top tokens);
+- :mod:`.sequence` (a request's tokens), :mod:`.sampling_params`, :mod:`.beam_search`,
+  :mod:`.stop` (when a sequence stops), :mod:`.inputs` (prompts checked), :mod:`.outputs`
+  (what is handed back), :mod:`.config`.
 """

@@ -20,6 +20,8 @@ from minipaged.utils import cdiv
 
 CPU_KV_CACHE_MEMORY = 1 << 30
 KV_LAYOUTS = ("paged", "contiguous")
+PREEMPTION_MODES = ("recompute", "swap")
+RESERVE_POLICIES = ("max", "pow2", "oracle")  # Orca's three, for the contiguous layout
 
 
 def _positive_int(name: str, value: object, allow_none: bool = False) -> None:
@@ -42,20 +44,34 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     attention_backend: str = "auto"
     kv_layout: str = "paged"
+    preemption_mode: str = "recompute"
+    swap_space: int | None = None  # bytes of host memory for swapped blocks (default: as many blocks as the pool)
+    contiguous_reserve: str = "max"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive_int(name, getattr(self, name))
-        for name in ("num_kvcache_blocks", "kv_cache_memory", "max_model_len"):
+        for name in ("num_kvcache_blocks", "kv_cache_memory", "max_model_len", "swap_space"):
             _positive_int(name, getattr(self, name), allow_none=True)
-        if self.kv_layout not in KV_LAYOUTS:
-            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
+        for name, allowed in (
+            ("kv_layout", KV_LAYOUTS),
+            ("preemption_mode", PREEMPTION_MODES),
+            ("contiguous_reserve", RESERVE_POLICIES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.attention_backend not in BACKENDS:
             raise ValueError(f"attention_backend must be one of {BACKENDS}, got {self.attention_backend!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.kv_layout == "contiguous" and self.enable_prefix_caching:
             raise ValueError("prefix caching needs kv_layout='paged' (a contiguous cache cannot share blocks)")
+        if self.kv_layout == "contiguous" and self.preemption_mode == "swap":
+            raise ValueError("swapping needs kv_layout='paged' (a contiguous reservation is never preempted)")
+        if self.swap_space is not None and self.preemption_mode != "swap":
+            raise ValueError("swap_space is used only with preemption_mode='swap'")
+        if self.kv_layout == "paged" and self.contiguous_reserve != "max":
+            raise ValueError("contiguous_reserve chooses Orca's reservation for kv_layout='contiguous' only")
         if self.num_kvcache_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("give num_kvcache_blocks or kv_cache_memory, not both")
 

@@ -8,13 +8,15 @@ Float ids (``256.7``) and bools are refused, not truncated.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from minipaged.engine.sampling_params import SamplingParams
-from minipaged.utils import cdiv
+from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 
 Prompt = str | Seq[int] | np.ndarray | torch.Tensor
 
@@ -28,10 +30,10 @@ def _is_token_ids(p: object) -> bool:
 def as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
     """One prompt or a list of them -> a list of prompts."""
     if isinstance(prompts, str) or _is_token_ids(prompts):
-        return [prompts]
+        return [cast(Prompt, prompts)]
     if isinstance(prompts, (np.ndarray, torch.Tensor)):
         raise ValueError(f"a prompt array must be 1-D token ids, got shape {tuple(prompts.shape)}")
-    return list(prompts)
+    return list(cast(Seq[Prompt], prompts))
 
 
 def as_params_list(params: SamplingParams | Seq[SamplingParams] | None, num_prompts: int) -> list[SamplingParams]:
@@ -44,7 +46,7 @@ def as_params_list(params: SamplingParams | Seq[SamplingParams] | None, num_prom
     return params
 
 
-def encode(prompt: Prompt, index: int, tokenizer) -> tuple[str | None, list[int]]:
+def encode(prompt: Prompt, index: int, tokenizer: Any) -> tuple[str | None, list[int]]:
     """-> (the text, or None for token ids; the ids). A text prompt needs a tokenizer."""
     if isinstance(prompt, str):
         if tokenizer is None:
@@ -74,39 +76,57 @@ def token_ids_of(prompt: object, index: int) -> list[int]:
     return [int(t) for t in prompt]
 
 
-def check_request(
-    ids: list[int],
-    params: SamplingParams,
-    index: int,
-    vocab_size: int,
-    max_model_len: int,
-    max_num_seqs: int,
-    pool_blocks: int | None,
-    block_size: int,
-) -> None:
-    """Refuse a request that could never run. ``pool_blocks`` is None for the contiguous layout."""
-    if not isinstance(params, SamplingParams):
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against (one engine's settings)."""
+
+    vocab_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    has_tokenizer: bool
+    can_fork: bool
+    kv_room: Callable[[int, int], str | None]  # (tokens, sequences) -> why they never fit, or None
+
+
+def check_request(ids: list[int], params: SamplingParams | BeamSearchParams, index: int, limits: Limits) -> None:
+    """Refuse a request that could never run, saying why and what to change."""
+    if not isinstance(params, (SamplingParams, BeamSearchParams)):
         raise TypeError(f"sampling params of prompt {index} must be a SamplingParams, got {type(params).__name__}")
     if not ids:
         raise ValueError(f"prompt {index} is empty")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
+    bad = [t for t in ids if not 0 <= t < limits.vocab_size]
     if bad:
-        raise ValueError(f"prompt {index} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-    if params.n > max_num_seqs:
+        raise ValueError(f"prompt {index} has token ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}")
+    if params.n > limits.max_num_seqs:
+        what = f"beam_width={params.n} beams" if isinstance(params, BeamSearchParams) else f"n={params.n} samples"
         raise ValueError(
-            f"prompt {index} asks for n={params.n} samples but max_num_seqs={max_num_seqs}: they could never "
-            f"run together; raise max_num_seqs or lower n"
+            f"prompt {index} asks for {what} but max_num_seqs={limits.max_num_seqs}: they could never "
+            f"run together; raise max_num_seqs or ask for fewer"
         )
     total = len(ids) + params.max_tokens
-    if total > max_model_len:
+    if total > limits.max_model_len:
         raise ValueError(
             f"prompt {index}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} = {total} "
-            f"exceeds max_model_len {max_model_len}"
+            f"exceeds max_model_len {limits.max_model_len}"
         )
+    num_seqs = 1
+    if isinstance(params, BeamSearchParams):
+        if not limits.can_fork:
+            raise ValueError("beam search shares blocks between beams: it needs kv_layout='paged'")
+        if params.beam_width > limits.max_num_batched_tokens:
+            raise ValueError(
+                f"beam_width {params.beam_width} > max_num_batched_tokens {limits.max_num_batched_tokens}: "
+                f"the beams of a prompt step together"
+            )
+        num_seqs = params.beam_width  # a recomputed beam search holds every beam's blocks
+    else:
+        if params.stop and not limits.has_tokenizer:
+            raise ValueError(f"prompt {index}: stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        bad = [t for t in params.stop_token_ids or () if t >= limits.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {index}: stop_token_ids outside the vocabulary [0, {limits.vocab_size}): {bad}")
     # The last sampled token is never stored: a sequence holds at most total - 1 tokens of K/V.
-    need = cdiv(total - 1, block_size)
-    if pool_blocks is not None and need > pool_blocks:
-        raise ValueError(
-            f"prompt {index} needs {need} blocks of {block_size} tokens but the whole pool "
-            f"has {pool_blocks}: it could never run"
-        )
+    why = limits.kv_room(total, num_seqs)
+    if why is not None:
+        raise ValueError(f"prompt {index} {why}: it could never run")

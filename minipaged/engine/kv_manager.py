@@ -1,87 +1,116 @@
-"""KV memory for the engine: which slots each sequence owns. Blocks only — no tensors are read
-or written here, and no attention metadata is built (that is the model runner's job).
+"""KV memory for the engine: which blocks each sequence owns. Blocks only — no tensors are read
+or written here (the model runner does that, as each batch's ``blocks_to_copy``,
+``blocks_to_swap_out`` and ``blocks_to_swap_in`` say).
 
-Two managers implement one interface, :class:`KVManager`, so the same scheduler runs on either:
+:class:`KVManager` is what the scheduler asks of memory; two layouts implement it (the factory
+in :mod:`minipaged.engine.kv_layout` picks one):
 
-- :class:`PagedKVManager`: a block pool, block tables grown one block at a time, prefix
-  caching and copy-on-write (stages 1-2 and 6);
-- :class:`ContiguousKVManager`: stage 0's reservation of ``max_model_len`` slots per sequence,
-  kept to compare the two on the same memory budget.
+- :class:`PagedKVManager`: a block pool, block tables grown one block at a time, prefix caching,
+  copy-on-write, and swapping to a host pool (stages 1-2, 6 and the paper's §4.5);
+- :class:`~minipaged.engine.contiguous_manager.ContiguousKVManager`: stage 0's one reservation
+  per sequence, kept to compare the two on the same memory budget.
+
+A *unit* is the sequences that are scheduled, preempted and swapped together: one sequence, or
+every live beam of a beam search. ``plan`` gives each member's new tokens this step.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence as Seq
 from typing import Protocol
 
 from minipaged.engine.sequence import Sequence
 from minipaged.kv.block_pool import BlockPool, KVCacheBlock
-from minipaged.kv.contiguous import ContiguousKVCache
 from minipaged.kv.prefix_cache import PrefixCache, chain_hashes
+from minipaged.utils import cdiv
 
 
 class KVManager(Protocol):
-    """What the scheduler asks of KV memory. ``copies``: the (src, dst) block copies that
-    copy-on-write decided this step and that the model runner carries out before the forward;
-    ``peak_slots_allocated``: the most slots ever allocated at the end of a step."""
-
-    copies: list[tuple[int, int]]
+    can_fork: bool  # whether sequences can share blocks (samples fork, beams branch)
+    table_block_size: int  # slots per entry of the tables that ``block_ids`` returns
     peak_slots_allocated: int
 
-    def admit(self, seq: Sequence, token_budget: int) -> int:
-        """Take a waiting sequence in: share its cached prefix, then make room for up to
-        ``token_budget`` of its remaining tokens. Returns the tokens scheduled (0 = not admitted,
-        and nothing changed)."""
+    def block_ids(self, seq: Sequence, num_tokens: int) -> Seq[int]:
+        """Where ``seq``'s first ``num_tokens`` tokens live, one entry per ``table_block_size`` slots."""
         ...
 
-    def can_schedule(self, seq: Sequence, num_new_tokens: int) -> bool: ...
+    def match_prefix(self, seq: Sequence) -> int:
+        """Share a waiting sequence's cached prefix; returns the tokens it need not compute."""
+        ...
 
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> None: ...
+    def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool: ...
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Room for the step's new tokens; returns the (src, dst) copies owed before the forward."""
+        ...
 
     def fork(self, parent: Sequence, child: Sequence) -> None: ...
 
     def free(self, seq: Sequence) -> None: ...
 
+    def can_swap_out(self, unit: list[Sequence]) -> bool: ...
+
+    def swap_out(self, unit: list[Sequence]) -> list[tuple[int, int]]: ...
+
+    def can_swap_in(self, unit: list[Sequence], plan: list[int]) -> bool: ...
+
+    def swap_in(self, unit: list[Sequence]) -> list[tuple[int, int]]: ...
+
     def mark_written(self) -> None:
-        """The step ran: every slot handed out for it now holds K/V (and the peak is updated)."""
+        """The step ran: every slot handed out for it holds K/V now (and the peak is updated)."""
         ...
 
     def drop_unwritten(self) -> None:
-        """The step failed before its K/V were written: forget what it published to the cache."""
+        """The step failed: withdraw from the prefix cache what it published but never wrote."""
         ...
 
-    def slots_allocated(self) -> int: ...
+    def refuse(self, num_tokens: int, num_seqs: int) -> str | None:
+        """Why ``num_seqs`` sequences of up to ``num_tokens`` tokens could never fit, or None."""
+        ...
 
     def tokens_held(self, live: list[Sequence]) -> int: ...
 
+    def slots_allocated(self) -> int: ...
+
     def stats(self) -> dict: ...
+
+    def pool_view(self) -> tuple[list[int], list[bool], int] | None:
+        """(every block's ref_cnt, whether it is cached, free blocks), for pictures; None if no pool."""
+        ...
 
 
 class PagedKVManager:
-    """Blocks for sequences: prefix hits first, then one new block whenever the last one fills."""
+    """Blocks for sequences: prefix hits first, then one new block whenever the last one fills.
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
-        self.block_size = block_size
+    With ``num_host_blocks`` a second pool in host memory takes preempted units' blocks (swap).
+    """
+
+    can_fork = True
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_host_blocks: int = 0):
+        self.block_size = self.table_block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.host_pool = BlockPool(num_host_blocks) if num_host_blocks else None
         self.prefix_cache = PrefixCache(self.pool) if enable_prefix_caching else None
-        self.copies: list[tuple[int, int]] = []  # (src, dst) block copies the runner owes this step
         self.peak_slots_allocated = 0
-        self.hit_tokens = 0
         self.num_cow_copies = 0
+        self.swapped_out_blocks = self.swapped_in_blocks = 0
+        self._on_host: set[int] = set()  # seq_ids whose block tables name host blocks
         self._unwritten: list[KVCacheBlock] = []  # published this step, K/V not computed yet
 
-    # -- admission -------------------------------------------------------------------------
-    def admit(self, seq: Sequence, token_budget: int) -> int:
-        hit = self._match_prefix(seq)
-        n = min(len(seq) - seq.num_computed_tokens, token_budget)
-        if not self.can_schedule(seq, n):
-            self.free(seq)
-            seq.num_computed_tokens = seq.num_cached_tokens = 0
-            return 0
-        self.allocate(seq, n)
-        self.hit_tokens += hit
-        return n
+    def block_ids(self, seq: Sequence, num_tokens: int) -> list[int]:
+        return seq.block_table.block_ids
 
-    def _match_prefix(self, seq: Sequence) -> int:
+    def refuse(self, num_tokens: int, num_seqs: int) -> str | None:
+        """Why ``num_seqs`` sequences of up to ``num_tokens`` tokens could never fit, or None."""
+        need = num_seqs * cdiv(num_tokens - 1, self.block_size)  # the last sampled token is never stored
+        if need > self.pool.num_blocks:
+            return f"needs {need} blocks of {self.block_size} tokens but the whole pool has {self.pool.num_blocks}"
+        return None
+
+    # -- admission -------------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> int:
         """Share the cached blocks of ``seq``'s longest cached prefix; returns the tokens hit.
 
         At least the last token is always left to compute, since its logits give the next token:
@@ -94,46 +123,56 @@ class PagedKVManager:
         usable = (len(seq) - 1) // self.block_size
         hits = self.prefix_cache.lookup(seq.block_hashes[:usable], seq.token_ids, self.block_size)
         seq.block_table.add_blocks([b.block_id for b in hits], len(hits) * self.block_size)
-        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
-        return seq.num_computed_tokens
+        return len(hits) * self.block_size
 
     # -- growth ----------------------------------------------------------------------------
-    def _shared_tail(self, seq: Sequence) -> int | None:
-        """Index of the block that this step's first write lands in, if other sequences share it."""
+    def _tail(self, seq: Sequence) -> int | None:
+        """Index of the block this step's first write lands in, if the table already has it."""
         idx = seq.num_computed_tokens // self.block_size
-        table = seq.block_table.block_ids
-        if idx < len(table) and self.pool.blocks[table[idx]].ref_cnt > 1:
-            return idx
-        return None
+        return idx if idx < len(seq.block_table.block_ids) else None
 
-    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+    def _blocks_needed(self, unit: list[Sequence], plan: list[int], pool: BlockPool) -> int:
+        """Blocks the unit's step takes from ``pool``: growth, plus a copy for each member that
+        writes into a block it shares. Of ``k`` members sharing one block that nobody else holds,
+        ``k - 1`` copy it; the last finds it its own."""
+        grow, writers = 0, Counter[int]()
+        for seq, n in zip(unit, plan):
+            if n == 0:
+                continue
+            table = seq.block_table
+            grow += max(table.num_blocks_needed(seq.num_computed_tokens + n) - len(table.block_ids), 0)
+            idx = self._tail(seq)
+            if idx is not None:
+                writers[table.block_ids[idx]] += 1
+        copies = sum(k if pool.blocks[b].ref_cnt > k else k - 1 for b, k in writers.items())
+        return grow + copies
+
+    def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool:
+        return self._blocks_needed(unit, plan, self.pool) <= self.pool.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Room for ``num_new_tokens`` more tokens; a shared block is copied before it is written."""
+        copies = []
         table = seq.block_table
-        grow = table.num_blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(table.block_ids)
-        return max(grow, 0) + (self._shared_tail(seq) is not None)
-
-    def can_schedule(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.blocks_needed(seq, num_new_tokens) <= self.pool.num_free_blocks
-
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Room for ``num_new_tokens`` more tokens; copy a shared tail block before writing it."""
-        idx = self._shared_tail(seq)
-        if idx is not None:  # copy-on-write: this sequence gets its own copy of the shared block
-            old = seq.block_table.block_ids[idx]
+        idx = self._tail(seq)
+        if idx is not None and self.pool.blocks[table.block_ids[idx]].ref_cnt > 1:
+            old = table.block_ids[idx]
             new = self.pool.allocate(1)[0].block_id
-            self.copies.append((old, new))  # the runner copies the K/V before the step writes
+            copies.append((old, new))
             self.pool.free([old])
-            seq.block_table.block_ids[idx] = new
+            table.block_ids[idx] = new
             self.num_cow_copies += 1
-        table = seq.block_table
         table.append_tokens(max(seq.num_computed_tokens + num_new_tokens - table.num_tokens, 0), self.pool)
         self._publish(seq, seq.num_computed_tokens // self.block_size, table.num_tokens // self.block_size)
+        return copies
 
     def _publish(self, seq: Sequence, first: int, end: int) -> None:
         """Offer blocks ``first .. end - 1`` of ``seq``, full once this step has run, to the prefix cache.
 
         They are published before the step computes them, so a request admitted later in the same
         step can share them: every attention layer writes the whole batch's K/V before any query
-        reads, so the reader finds them in place.
+        reads, so the reader finds them in place. Until the step succeeds they are *unwritten*: a
+        failed step withdraws them (:meth:`drop_unwritten`).
         """
         if self.prefix_cache is None or end <= first:
             return
@@ -150,18 +189,60 @@ class PagedKVManager:
         for block_id in parent.block_table.block_ids:
             self.pool.share(block_id)
         child.block_table.add_blocks(parent.block_table.block_ids, parent.block_table.num_tokens)
+        child.block_hashes = list(parent.block_hashes)
 
     def free(self, seq: Sequence) -> None:
-        seq.block_table.free(self.pool)
+        on_host = seq.seq_id in self._on_host
+        self._on_host.discard(seq.seq_id)
+        seq.block_table.free(self.host_pool if on_host and self.host_pool else self.pool)
+
+    # -- swapping --------------------------------------------------------------------------
+    @staticmethod
+    def _remap(unit: list[Sequence], src: BlockPool, dst: BlockPool) -> list[tuple[int, int]]:
+        """Move the unit's blocks from ``src`` to ``dst``: one new block per distinct block, shared
+        as it was shared within the unit. Returns the (src, dst) block pairs to copy."""
+        moved: dict[int, int] = {}
+        for seq in unit:
+            for b in seq.block_table.block_ids:
+                if b in moved:
+                    dst.share(moved[b])
+                else:
+                    moved[b] = dst.allocate(1)[0].block_id
+        for seq in unit:
+            ids = seq.block_table.block_ids
+            src.free(ids)
+            seq.block_table.block_ids = [moved[b] for b in ids]
+        return list(moved.items())
+
+    def can_swap_out(self, unit: list[Sequence]) -> bool:
+        distinct = {b for s in unit for b in s.block_table.block_ids}
+        return self.host_pool is not None and len(distinct) <= self.host_pool.num_free_blocks
+
+    def swap_out(self, unit: list[Sequence]) -> list[tuple[int, int]]:
+        assert self.host_pool is not None
+        pairs = self._remap(unit, self.pool, self.host_pool)
+        self._on_host.update(s.seq_id for s in unit)
+        self.swapped_out_blocks += len(pairs)
+        return pairs
+
+    def can_swap_in(self, unit: list[Sequence], plan: list[int]) -> bool:
+        assert self.host_pool is not None
+        distinct = len({b for s in unit for b in s.block_table.block_ids})
+        return distinct + self._blocks_needed(unit, plan, self.host_pool) <= self.pool.num_free_blocks
+
+    def swap_in(self, unit: list[Sequence]) -> list[tuple[int, int]]:
+        assert self.host_pool is not None
+        pairs = self._remap(unit, self.host_pool, self.pool)
+        self._on_host.difference_update(s.seq_id for s in unit)
+        self.swapped_in_blocks += len(pairs)
+        return pairs
 
     # -- the step's outcome ----------------------------------------------------------------
     def mark_written(self) -> None:
         self._unwritten.clear()
-        self.copies.clear()
         self.peak_slots_allocated = max(self.peak_slots_allocated, self.slots_allocated())
 
     def drop_unwritten(self) -> None:
-        # The copy-on-write copies stay owed: a retried step still needs them.
         if self.prefix_cache is not None:
             for block in self._unwritten:
                 self.prefix_cache.discard(block)
@@ -183,57 +264,14 @@ class PagedKVManager:
     def stats(self) -> dict:
         return dict(
             num_free_blocks=self.pool.num_free_blocks,
-            prefix_hit_tokens=self.hit_tokens,
             blocks_saved=sum(b.ref_cnt - 1 for b in self.pool.blocks if b.ref_cnt > 1),
             cached_blocks=len(self.prefix_cache) if self.prefix_cache is not None else 0,
+            prefix_evictions=self.prefix_cache.num_evictions if self.prefix_cache is not None else 0,
             cow_copies=self.num_cow_copies,
+            swapped_out_blocks=self.swapped_out_blocks,
+            swapped_in_blocks=self.swapped_in_blocks,
         )
 
-
-class ContiguousKVManager:
-    """Stage 0 inside the engine: each admitted sequence reserves ``max_model_len`` slots.
-
-    The reservations live in the stage-0 cache's first-fit arena; nothing is shared, so the
-    prefix-cache and copy-on-write parts of the interface have nothing to do.
-    """
-
-    def __init__(self, cache: ContiguousKVCache, block_size: int) -> None:
-        self.cache = cache
-        self.block_size = block_size  # only to report free memory in blocks, like the paged pool
-        self.copies: list[tuple[int, int]] = []  # always empty: nothing is shared, nothing copied
-        self.peak_slots_allocated = 0
-
-    def admit(self, seq: Sequence, token_budget: int) -> int:
-        if not self.cache.can_reserve():
-            return 0
-        self.cache.add_sequence(seq.seq_id)
-        return min(len(seq) - seq.num_computed_tokens, token_budget)
-
-    def can_schedule(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return seq.seq_id in self.cache.num_tokens or self.cache.can_reserve()
-
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
-        if seq.seq_id not in self.cache.num_tokens:
-            self.cache.add_sequence(seq.seq_id)
-
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        raise NotImplementedError("a contiguous cache cannot share: each sample is its own sequence from the start")
-
-    def free(self, seq: Sequence) -> None:
-        if seq.seq_id in self.cache.num_tokens:
-            self.cache.remove_sequence(seq.seq_id)
-
-    def mark_written(self) -> None:
-        self.peak_slots_allocated = max(self.peak_slots_allocated, self.slots_allocated())
-
-    def drop_unwritten(self) -> None:
-        pass
-
-    def tokens_held(self, live: list[Sequence]) -> int:
-        return self.cache.stats().used_slots
-
-    def slots_allocated(self) -> int:
-        return self.cache.stats().reserved_slots
-
-    def stats(self) -> dict:
-        return dict(num_free_blocks=self.cache.arena.free_slots // self.block_size)
+    def pool_view(self) -> tuple[list[int], list[bool], int]:
+        blocks = self.pool.blocks
+        return [b.ref_cnt for b in blocks], [b.block_hash is not None for b in blocks], self.pool.num_free_blocks

@@ -4,11 +4,11 @@
     out = llm.generate(["abc<copy>hello<end>"], SamplingParams(temperature=0))
     out[0].outputs[0].text                        # 'hello'
 
-One step: the :class:`Scheduler` picks the work, the :class:`ModelRunner` packs it, runs the
-model and samples every row at once, and the scheduler's ``postprocess`` appends the tokens and
-finishes what is done. For notebooks there is a step-level API:
-:meth:`LLM.add_request`, :meth:`LLM.step` (returns a :class:`StepSnapshot`),
-:meth:`LLM.abort_request` and :meth:`LLM.kv_stats`.
+One step is three calls: the :class:`Scheduler` decides (``schedule`` -> a
+:class:`ScheduledBatch`), the :class:`ModelRunner` executes (``run`` -> the sampled tokens),
+and the scheduler applies the outcome (``postprocess``). For notebooks and servers there is a
+step-level API: :meth:`LLM.add_request`, :meth:`LLM.step` (returns a :class:`StepSnapshot`),
+:meth:`LLM.abort_request` and :meth:`LLM.kv_stats`; :meth:`LLM.beam_search` runs beam search.
 """
 
 from __future__ import annotations
@@ -17,18 +17,22 @@ import itertools
 import logging
 from collections.abc import Sequence as Seq
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from minipaged.engine import inputs
+from minipaged.engine.batch import ScheduledBatch
+from minipaged.engine.beam_search import BeamGroup, BeamSearchOutput
 from minipaged.engine.config import EngineConfig
-from minipaged.engine.kv_manager import ContiguousKVManager, PagedKVManager
+from minipaged.engine.kv_layout import build_kv_layout
 from minipaged.engine.model_runner import ModelRunner
-from minipaged.engine.outputs import Request, RequestOutput, StepSnapshot, describe_batch, kv_stats, take_snapshot
-from minipaged.engine.sampling_params import SamplingParams
+from minipaged.engine.outputs import Request, RequestOutput, StepSnapshot, take_snapshot
+from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.engine.scheduler import Scheduler
-from minipaged.engine.sequence import Sequence
+from minipaged.engine.sequence import Sequence, Status
+from minipaged.engine.stop import StopChecker
 from minipaged.model.loader import load_model
 
 log = logging.getLogger("minipaged")
@@ -38,8 +42,10 @@ class LLM:
     """A small continuous-batching engine over a paged (or, for comparison, contiguous) KV cache.
 
     ``num_kvcache_blocks`` sizes the pool; without it, ``kv_cache_memory`` bytes do (see
-    :mod:`minipaged.engine.config`). ``kv_layout="contiguous"`` gives each sequence a
-    ``max_model_len`` reservation in the same number of slots instead. ``attention_backend``:
+    :mod:`minipaged.engine.config`). ``kv_layout="contiguous"`` gives each sequence one
+    reservation in the same number of slots instead (``contiguous_reserve``: Orca's ``"max"``,
+    ``"pow2"`` or ``"oracle"``). ``preemption_mode="swap"`` moves a preempted sequence's blocks
+    to ``swap_space`` bytes of host memory instead of recomputing them. ``attention_backend``:
     ``"reference"`` (the per-sequence oracle), ``"torch"`` (batched), ``"triton"`` or ``"auto"``.
     """
 
@@ -49,7 +55,7 @@ class LLM:
         *,
         dtype: torch.dtype | str = torch.float32,
         device: str | torch.device | None = None,
-        **engine_args,
+        **engine_args: Any,
     ) -> None:
         cfg = EngineConfig(**engine_args)  # every argument checked before the model is loaded
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -60,45 +66,43 @@ class LLM:
         self.num_blocks, why = cfg.num_blocks(mc, dtype, device)
         if cfg.num_kvcache_blocks is None:
             log.info("KV cache: %s", why)
-        self.runner = ModelRunner(self.model, cfg, self.num_blocks, self.max_model_len)
-        self.kv_cache = self.runner.kv_cache  # the tensors; the manager below only hands out slots
-        if cfg.kv_layout == "paged":
-            self.kv_manager = PagedKVManager(self.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        else:
-            self.kv_manager = ContiguousKVManager(self.kv_cache, cfg.block_size)
+        layout = build_kv_layout(cfg, mc, self.num_blocks, self.max_model_len, dtype, device)
+        self.kv_manager = layout.manager
+        self.runner = ModelRunner(self.model, layout.cache, layout.attention, layout.host_cache)
+        self.kv_cache = layout.cache
+        stop = StopChecker(mc.eos_token_ids, self.max_model_len, self.tokenizer)
         self.scheduler = Scheduler(
-            self.kv_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len, mc.eos_token_ids
+            self.kv_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, stop, cfg.preemption_mode
         )
+        self.limits = inputs.Limits(
+            mc.vocab_size, self.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+            self.tokenizer is not None, self.kv_manager.can_fork, self.kv_manager.refuse,
+        )  # fmt: skip
         self._request_ids = itertools.count()
         self._requests: dict[int, Request] = {}
         self._step = 0
+        self.failed_request_ids: list[int] = []  # the requests of the last step that raised
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: inputs.Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; returns its id. Raises (and queues nothing) on bad input."""
         return self._add_many([prompt], [params or SamplingParams()])[0]
 
-    def _add_many(self, prompts: list[inputs.Prompt], params: list[SamplingParams]) -> list[int]:
+    def _add_many(self, prompts: list[inputs.Prompt], params: Seq[SamplingParams | BeamSearchParams]) -> list[int]:
         encoded = [inputs.encode(p, i, self.tokenizer) for i, p in enumerate(prompts)]
-        cfg, paged = self.config, self.config.kv_layout == "paged"
         for i, ((_, ids), sp) in enumerate(zip(encoded, params)):
-            inputs.check_request(
-                ids,
-                sp,
-                i,
-                self.model.config.vocab_size,
-                self.max_model_len,
-                cfg.max_num_seqs,
-                self.num_blocks if paged else None,
-                self.block_size,
-            )
+            inputs.check_request(ids, sp, i, self.limits)
         request_ids = []
         for (text, ids), sp in zip(encoded, params):
             rid = next(self._request_ids)
-            seqs = Sequence.for_request(rid, ids, sp, self.block_size, fork_later=paged)
-            for s in seqs:
-                self.scheduler.add(s)
-            self._requests[rid] = Request(rid, text, ids, seqs[0].family)
+            if isinstance(sp, BeamSearchParams):
+                seqs = [Sequence(rid, ids, sp, self.block_size)]
+                group = BeamGroup(sp, seqs[0], self.model.config.eos_token_ids)
+                self._requests[rid] = Request(rid, text, ids, seqs, group)
+            else:
+                seqs = Sequence.for_request(rid, ids, sp, self.block_size, fork_later=self.kv_manager.can_fork)
+                self._requests[rid] = Request(rid, text, ids, seqs)
+            self.scheduler.add(seqs)
             request_ids.append(rid)
         return request_ids
 
@@ -109,43 +113,59 @@ class LLM:
         if unknown:
             raise ValueError(f"no request with id {unknown[0]} was ever added")
         for rid in ids:
-            self.scheduler.abort(list(self._requests[rid].seqs))
+            self.scheduler.abort(self._requests[rid].live())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> StepSnapshot:
-        """Schedule, run the model once, sample, finish what is done; returns what happened."""
-        batch = self.scheduler.schedule()
-        scheduled = describe_batch(batch)
-        finished = self._run(batch)
-        return take_snapshot(self._step, scheduled, batch, finished, self.scheduler)
+        """Schedule, run the model once, sample, finish what is done; returns what happened.
 
-    def _run(self, batch) -> list[RequestOutput]:
-        """Run a scheduled batch; returns the requests it finished (all their samples done)."""
-        done: set[int] = set()
-        if batch.seqs:
-            try:
-                logits = self.runner.run(batch, self.kv_manager.copies)
-            except BaseException:
-                self.kv_manager.drop_unwritten()  # what this step published holds no K/V
-                raise
-            self.kv_manager.mark_written()
-            rows_seqs = self.scheduler.advance(batch)  # forks n samples whose prompt is done
-            if rows_seqs:
-                tokens = self.runner.sample(logits, rows_seqs)
-                done = {s.request_id for s in self.scheduler.postprocess([s for _, s in rows_seqs], tokens)}
+        A step is all or nothing. If it raises (an error in the forward, Ctrl-C while sampling),
+        every sequence it ran goes back to the waiting queue to be recomputed, what it published
+        to the prefix cache is withdrawn, no copy it owed is replayed, and seeded samples get
+        their random draw back: a later ``step()`` gives every request the tokens it would have
+        had without the failure (``abort_request`` drops a request instead).
+        ``failed_request_ids`` lists the requests that the failed step ran.
+        """
+        batch, progressed = self._step_once()
+        requests = sorted({s.request_id for s in progressed if self._requests[s.request_id].beam is None})
+        outputs = [self._output(r) for r in requests]
+        s = self.scheduler
+        swapped = [q for unit in s.swapped for q in unit]
+        return take_snapshot(
+            self._step, batch, outputs, s.running, list(s.waiting), swapped, self.kv_manager.pool_view()
+        )
+
+    def _step_once(self) -> tuple[ScheduledBatch, list[Sequence]]:
+        """The three calls, with the rollback that makes a failed step leave no trace."""
+        try:
+            batch = self.scheduler.schedule()
+            sampled = self.runner.run(batch)
+        except BaseException:
+            self.failed_request_ids = sorted({s.request_id for s in self.scheduler.rollback()})
+            raise
+        progressed = self.scheduler.postprocess(batch, sampled)
         self._step += 1
-        outputs = [self._output(r) for r in sorted(done)]
-        return [o for o in outputs if o.finished]
+        return batch, progressed
 
     def _output(self, request_id: int) -> RequestOutput:
         return self._requests[request_id].output(self.tokenizer)
 
     def kv_stats(self) -> dict:
-        """Pool figures: blocks, free blocks, preemptions, live tokens vs allocated slots, prefix hits."""
-        return kv_stats(self.kv_manager, self.scheduler, self.num_blocks, self.block_size)
+        """Pool figures: blocks, free blocks, preemptions, live tokens vs allocated slots, prefix hits, swaps."""
+        live = self.scheduler.running
+        return dict(
+            kv_layout=self.config.kv_layout,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            tokens_held=self.kv_manager.tokens_held(live),
+            slots_allocated=self.kv_manager.slots_allocated(),
+            peak_slots_allocated=self.kv_manager.peak_slots_allocated,
+            **self.scheduler.stats(),
+            **self.kv_manager.stats(),
+        )
 
     # -- the batch API ---------------------------------------------------------------------
     def generate(
@@ -160,18 +180,48 @@ class LLM:
         anything is queued. If the call is interrupted (an exception, Ctrl-C), its requests are
         aborted and their blocks freed: the engine stays usable.
         """
-        prompts = inputs.as_prompt_list(prompts)
-        params = inputs.as_params_list(sampling_params, len(prompts))
+        prompt_list = inputs.as_prompt_list(prompts)
+        ids = self._run_all(prompt_list, inputs.as_params_list(sampling_params, len(prompt_list)), use_tqdm)
+        return [self._output(r) for r in ids]
+
+    def beam_search(
+        self, prompts: inputs.Prompt | Seq[inputs.Prompt], params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
+        """Beam search for every prompt (see :mod:`minipaged.engine.beam_search`): one
+        :class:`BeamSearchOutput` per prompt, its ``beam_width`` best sequences best first."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        prompt_list = inputs.as_prompt_list(prompts)
+        ids = self._run_all(prompt_list, [params] * len(prompt_list), use_tqdm)
+        results = []
+        for rid in ids:
+            req = self._requests[rid]
+            assert req.beam is not None and req.beam.final is not None
+            for s in req.beam.final:
+                shown = s.token_ids[:-1] if s.finish_reason == "stop" else s.token_ids
+                s.text = self.tokenizer.decode(shown) if self.tokenizer is not None else ""
+            results.append(BeamSearchOutput(req.beam.final, rid, req.prompt_token_ids))
+        return results
+
+    def _run_all(
+        self, prompts: list[inputs.Prompt], params: Seq[SamplingParams | BeamSearchParams], use_tqdm: bool
+    ) -> list[int]:
+        """Queue the prompts and step until every one is done (on any error they are aborted)."""
         if not prompts:
             return []
         if self.has_unfinished_requests():
-            raise RuntimeError("generate() needs an idle engine; finish or abort the requests added with add_request")
+            raise RuntimeError("needs an idle engine; finish or abort the requests added with add_request")
         ids = self._add_many(prompts, params)
         try:
             with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
                 while self.has_unfinished_requests():
-                    bar.update(len(self._run(self.scheduler.schedule())))
+                    _, progressed = self._step_once()
+                    bar.update(sum(self._done(r) for r in {s.request_id for s in progressed}))
         except BaseException:
             self.abort_request(ids)
             raise
-        return [self._output(r) for r in ids]
+        return ids
+
+    def _done(self, request_id: int) -> bool:
+        req = self._requests[request_id]
+        return all(s.status is Status.FINISHED for s in req.seqs + req.live())

@@ -1,20 +1,19 @@
-"""Run one scheduled batch through the model: pack it, describe it to attention, forward.
+"""Run one scheduled batch: move the blocks it asks for, pack its tokens, forward, sample.
 
-The runner owns the tensors: the KV cache it allocates at start-up (``kv_cache``: a paged pool
-``[num_layers, num_blocks, block_size, kv_heads, head_dim]`` for K and for V, or stage 0's
-contiguous slots), the attention that reads it, and each step's inputs. From the scheduled
-sequences it packs
+The runner owns the tensors: the KV cache that the layout factory built
+(:mod:`minipaged.engine.kv_layout`: ``[num_layers, num_blocks, block_size, kv_heads,
+head_dim]`` for K and for V; the contiguous layout is the same with one slot per block), the
+host pool that swapped blocks go to, the attention that reads the cache, and each step's inputs:
 
 - ``input_ids``, ``positions``: int64 [num_tokens], every sequence's new tokens back to back;
 - the attention metadata: ``slot_mapping`` [num_tokens], ``block_tables`` [num_seqs,
   max_blocks], ``context_lens`` [num_seqs], ``cu_seqlens_q`` [num_seqs + 1]
-  (:class:`~minipaged.attention.cache_attention.PagedMetadata`), or for the contiguous cache
-  the sequences' reservations;
+  (:class:`~minipaged.attention.metadata.PagedMetadata`);
 - ``logits_indices`` [num_seqs]: each sequence's last new token, the only one whose logits
   are wanted.
 
-Before the forward it carries out the copy-on-write block copies the KV manager asked for;
-after it, :meth:`ModelRunner.sample` draws the next tokens (:mod:`minipaged.engine.sampler`).
+:meth:`ModelRunner.run` is the step's one call into tensors: swaps out, swaps in, copy-on-write
+copies, the forward (:meth:`forward`), then sampling (:mod:`minipaged.engine.sampler`).
 """
 
 from __future__ import annotations
@@ -23,74 +22,79 @@ import itertools
 
 import torch
 
-from minipaged.attention.backends import get_ops
-from minipaged.attention.cache_attention import ContiguousAttention, PagedAttention, PagedMetadata
-from minipaged.engine.config import EngineConfig
-from minipaged.engine.sampler import sample
-from minipaged.engine.scheduler import ScheduledBatch
-from minipaged.engine.sequence import Sequence
-from minipaged.kv.contiguous import ContiguousKVCache
+from minipaged.attention.cache_attention import PagedAttention
+from minipaged.attention.metadata import PagedMetadata
+from minipaged.engine.batch import SamplerOutput, ScheduledBatch
+from minipaged.engine.sampler import sample, top_logprobs
+from minipaged.engine.sampling_params import SamplingParams
 from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.model.decoder import DecoderModel
 
 
 class ModelRunner:
-    """``num_blocks`` blocks of ``cfg.block_size`` slots, laid out as ``cfg.kv_layout`` says."""
-
-    def __init__(self, model: DecoderModel, cfg: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+    def __init__(
+        self, model: DecoderModel, cache: PagedKVCache, attention: PagedAttention, host_cache: PagedKVCache | None
+    ) -> None:
         self.model = model
-        mc, dtype, device = model.config, model.dtype, model.device
-        shape = (mc.num_hidden_layers, num_blocks, cfg.block_size, mc.num_key_value_heads, mc.head_dim)
-        ops = get_ops(cfg.attention_backend, device)
-        self.kv_cache: PagedKVCache | ContiguousKVCache
-        self.attn: PagedAttention | ContiguousAttention
-        if cfg.kv_layout == "paged":
-            self.kv_cache = PagedKVCache(*shape, dtype=dtype, device=device)
-            self.attn = PagedAttention.of(self.kv_cache, ops)
-            return
-        num_slots = num_blocks * cfg.block_size  # the same memory, as max_model_len reservations
-        if num_slots < max_model_len:
-            raise ValueError(
-                f"a contiguous cache of {num_slots} slots cannot hold one sequence of "
-                f"max_model_len={max_model_len}: give more num_kvcache_blocks"
-            )
-        self.kv_cache = ContiguousKVCache(
-            shape[0], *shape[3:], max_seq_len=max_model_len, num_slots=num_slots, dtype=dtype, device=device
-        )
-        self.attn = ContiguousAttention(self.kv_cache, ops)
+        self.kv_cache = cache
+        self.attn = attention
+        self.host_cache = host_cache
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Pack the batch and hand its metadata to attention; returns input_ids, positions and
         logits_indices."""
         dev = self.model.device
-        starts = [s.num_computed_tokens for s in batch.seqs]
         input_ids: list[int] = []
-        for seq, start, n in zip(batch.seqs, starts, batch.q_lens):
+        for seq, start, n in zip(batch.seqs, batch.starts, batch.q_lens):
             input_ids += seq.token_ids[start : start + n]
-        positions = torch.tensor([p for a, n in zip(starts, batch.q_lens) for p in range(a, a + n)])
-        if isinstance(self.attn, PagedAttention):
-            tables = [s.block_table.block_ids for s in batch.seqs]
-            block_size = batch.seqs[0].block_table.block_size
-            self.attn.set_batch(PagedMetadata.build(tables, starts, batch.q_lens, block_size, dev))
-        else:
-            ends = [a + n for a, n in zip(starts, batch.q_lens)]
-            self.attn.set_batch([s.seq_id for s in batch.seqs], batch.q_lens, ends)
+        positions = [p for a, n in zip(batch.starts, batch.q_lens) for p in range(a, a + n)]
+        self.attn.set_batch(PagedMetadata.build(batch.block_tables, batch.starts, batch.q_lens, batch.block_size, dev))
         last = [end - 1 for end in itertools.accumulate(batch.q_lens)]
-        return torch.tensor(input_ids, device=dev), positions.to(dev), torch.tensor(last, device=dev)
+        return (
+            torch.tensor(input_ids, device=dev),
+            torch.tensor(positions, device=dev),
+            torch.tensor(last, device=dev),
+        )
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, copies: list[tuple[int, int]] = ()) -> torch.Tensor:
-        """Copy the blocks owed for copy-on-write, then compute the batch's new tokens. Returns
-        logits [num_seqs, vocab] at each sequence's last new token (meaningful only for
-        sequences whose step reaches their last token)."""
-        for src, dst in copies:
-            self.kv_cache.copy_block(src, dst)
+    def forward(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Compute the batch's new tokens. Returns logits [num_seqs, vocab] at each sequence's last
+        new token (meaningful only for sequences whose step reaches their last token)."""
         input_ids, positions, last = self.prepare(batch)
         return self.model(input_ids, positions, self.attn, logits_indices=last)
 
-    def sample(self, logits: torch.Tensor, rows_seqs: list[tuple[int, Sequence]]) -> list[int]:
-        """One token per ``(row, seq)``: ``logits[row]`` drawn with that sequence's params and
-        generator (forked samples share their parent's row)."""
-        rows = [r for r, _ in rows_seqs]
-        picked = logits if rows == list(range(len(logits))) else logits[rows]  # often every row
-        return sample(picked, [s.params for _, s in rows_seqs], [s.generator for _, s in rows_seqs])
+    def run(self, batch: ScheduledBatch) -> SamplerOutput:
+        """Move the blocks the batch asks for, then forward and sample every sampling row."""
+        if batch.blocks_to_swap_out or batch.blocks_to_swap_in:
+            assert self.host_cache is not None, "swapping needs the host pool of preemption_mode='swap'"
+            if batch.blocks_to_swap_out:  # before anything can overwrite the freed device blocks
+                self.kv_cache.copy_blocks(batch.blocks_to_swap_out, into=self.host_cache)
+            if batch.blocks_to_swap_in:
+                self.host_cache.copy_blocks(batch.blocks_to_swap_in, into=self.kv_cache)
+        if batch.blocks_to_copy:
+            self.kv_cache.copy_blocks(batch.blocks_to_copy)
+        if not batch.seqs:
+            return SamplerOutput()
+        return self.sample(self.forward(batch), batch)
+
+    def sample(self, logits: torch.Tensor, batch: ScheduledBatch) -> SamplerOutput:
+        """One token per sampling row, ``logits[row]`` drawn with that sequence's params and
+        generator (forked samples share their parent's row); a beam's candidates instead."""
+        out = SamplerOutput()
+        draws: list[tuple[int, int, SamplingParams, torch.Generator | None]] = []
+        beams: list[tuple[int, int, int]] = []  # (sample, row, candidates wanted)
+        for i, (row, seq) in enumerate(batch.samples):
+            if isinstance(seq.params, SamplingParams):
+                draws.append((i, row, seq.params, seq.generator))
+            else:
+                beams.append((i, row, 2 * seq.params.beam_width))
+        if draws:
+            rows = [r for _, r, _, _ in draws]
+            picked = logits if rows == list(range(len(logits))) else logits[rows]  # often every row
+            out.token_ids = sample(picked, [p for _, _, p, _ in draws], [g for _, _, _, g in draws])
+        if beams:
+            cands = top_logprobs(logits[[r for _, r, _ in beams]], max(k for _, _, k in beams))
+            out.candidates = {i: c[:k] for (i, _, k), c in zip(beams, cands)}
+            drawn = iter(out.token_ids)  # token_ids stays indexed like batch.samples (-1: a beam's row)
+            out.token_ids = [-1 if i in out.candidates else next(drawn) for i in range(len(batch.samples))]
+        return out

@@ -8,9 +8,10 @@ builds one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from minipaged.engine.kv_manager import KVManager, PagedKVManager
-from minipaged.engine.scheduler import ScheduledBatch, Scheduler
+from minipaged.engine.batch import ScheduledBatch
+from minipaged.engine.beam_search import BeamGroup
 from minipaged.engine.sequence import Sequence
 
 
@@ -20,6 +21,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
 
 @dataclass
@@ -38,20 +40,30 @@ class RequestOutput:
 @dataclass
 class Request:
     """What the engine keeps of one request: the prompt and its sequences (``seqs`` is the
-    family list the samples share, so samples forked later appear in it)."""
+    family list the samples share), or its beam search."""
 
     request_id: int
     prompt: str | None
     prompt_token_ids: list[int]
     seqs: list[Sequence]
+    beam: BeamGroup | None = None
 
-    def output(self, tokenizer) -> RequestOutput:
-        """The request's output so far: its samples in order, decoded without the stop token."""
+    def live(self) -> list[Sequence]:
+        """The sequences that may still run (to abort them)."""
+        return list(self.beam.live) if self.beam is not None else self.seqs
+
+    def output(self, tokenizer: Any) -> RequestOutput:
+        """The request's output so far: its samples in order, the text without a stop token, cut
+        before a stop string."""
         outs = []
         for s in sorted(self.seqs, key=lambda s: s.sample_index):
-            shown = s.output_token_ids[:-1] if s.finish_reason == "stop" else s.output_token_ids
+            shown = s.output_token_ids
+            if s.finish_reason == "stop" and s.text_len is None:
+                shown = shown[:-1]
             text = tokenizer.decode(shown) if tokenizer is not None else ""
-            outs.append(CompletionOutput(s.sample_index, text, s.output_token_ids, s.finish_reason))
+            if s.text_len is not None:
+                text = text[: s.text_len]
+            outs.append(CompletionOutput(s.sample_index, text, s.output_token_ids, s.finish_reason, s.stop_reason))
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.seqs[0].num_cached_tokens)
 
 
@@ -61,9 +73,10 @@ class StepSnapshot:
 
     ``scheduled``: one dict per sequence run (``seq_id``, ``request_id``, ``kind`` = "prefill" or
     "decode", ``num_tokens`` computed this step, ``num_computed_tokens`` already in the cache
-    before it — prefix hits included); ``block_tables``: seq_id -> physical block ids of every
-    running sequence; ``num_tokens``: seq_id -> tokens in the cache; ``ref_cnt`` / ``cached``:
-    per physical block (paged cache only).
+    before it — prefix hits included); ``outputs``: every request that got a token this step, as
+    it stands (``finished``: those it completed); ``block_tables``: seq_id -> physical block ids
+    of every running sequence; ``num_tokens``: seq_id -> tokens in the cache; ``ref_cnt`` /
+    ``cached``: per physical block (paged cache only).
     """
 
     step: int
@@ -77,55 +90,45 @@ class StepSnapshot:
     ref_cnt: list[int] = field(default_factory=list)
     cached: list[bool] = field(default_factory=list)
     num_free_blocks: int = 0
+    outputs: list[RequestOutput] = field(default_factory=list)
+    swapped: list[int] = field(default_factory=list)
 
 
 def describe_batch(batch: ScheduledBatch) -> list[dict]:
-    """The ``scheduled`` entries of a snapshot; call it before the step runs."""
+    """The ``scheduled`` entries of a snapshot."""
     return [
         dict(
             seq_id=s.seq_id,
             request_id=s.request_id,
-            kind="decode" if s.is_decode(n) else "prefill",
+            kind="decode" if decode else "prefill",
             num_tokens=n,
-            num_computed_tokens=s.num_computed_tokens,
+            num_computed_tokens=start,
         )
-        for s, n in zip(batch.seqs, batch.q_lens)
+        for s, n, start, decode in zip(batch.seqs, batch.q_lens, batch.starts, batch.decode)
     ]
 
 
 def take_snapshot(
-    step: int, scheduled: list[dict], batch: ScheduledBatch, finished: list[RequestOutput], scheduler: Scheduler
+    step: int,
+    batch: ScheduledBatch,
+    outputs: list[RequestOutput],
+    running: list[Sequence],
+    waiting: list[Sequence],
+    swapped: list[Sequence],
+    pool: tuple[list[int], list[bool], int] | None,
 ) -> StepSnapshot:
-    live = scheduler.running
     snap = StepSnapshot(
         step=step,
-        scheduled=scheduled,
+        scheduled=describe_batch(batch),
         preempted=[s.seq_id for s in batch.preempted],
-        finished=finished,
-        waiting=[s.seq_id for s in scheduler.waiting],
-        running=[s.seq_id for s in live],
-        block_tables={s.seq_id: list(s.block_table.block_ids) for s in live},
-        num_tokens={s.seq_id: s.num_computed_tokens for s in live},
+        finished=[o for o in outputs if o.finished],
+        waiting=[s.seq_id for s in waiting],
+        running=[s.seq_id for s in running],
+        block_tables={s.seq_id: list(s.block_table.block_ids) for s in running},
+        num_tokens={s.seq_id: s.num_computed_tokens for s in running},
+        outputs=outputs,
+        swapped=[s.seq_id for s in swapped],
     )
-    kv = scheduler.kv
-    if isinstance(kv, PagedKVManager):
-        snap.ref_cnt = [b.ref_cnt for b in kv.pool.blocks]
-        snap.cached = [b.block_hash is not None for b in kv.pool.blocks]
-        snap.num_free_blocks = kv.pool.num_free_blocks
+    if pool is not None:
+        snap.ref_cnt, snap.cached, snap.num_free_blocks = pool
     return snap
-
-
-def kv_stats(kv: KVManager, scheduler: Scheduler, num_blocks: int, block_size: int) -> dict:
-    """Pool figures: blocks, free blocks, preemptions, live tokens vs allocated slots, prefix hits."""
-    stats = dict(
-        kv_layout="paged" if isinstance(kv, PagedKVManager) else "contiguous",
-        num_blocks=num_blocks,
-        block_size=block_size,
-        num_preemptions=scheduler.num_preemptions,
-        tokens_held=kv.tokens_held(scheduler.running),
-        slots_allocated=kv.slots_allocated(),
-        prefill_tokens_computed=scheduler.num_prefill_tokens_computed,
-        peak_slots_allocated=kv.peak_slots_allocated,
-    )
-    stats.update(kv.stats())
-    return stats

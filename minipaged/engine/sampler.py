@@ -8,6 +8,9 @@ distribution whose mass reaches its ``top_p``, then draw by inverse CDF: a unifo
 Each seeded sequence draws its ``u`` from its own ``torch.Generator``, exactly one number per
 sampled token, so its tokens are the same whether it runs alone or batched, and after a
 preemption (tokens already drawn are kept, not redrawn).
+
+A beam does not draw: :func:`top_logprobs` gives its ``k`` most likely next tokens with their
+log-probabilities (log-softmax of the raw logits, in fp32), and the beam search chooses.
 """
 
 from __future__ import annotations
@@ -55,3 +58,9 @@ def _sample_rows(
     u = torch.cat([torch.rand(1, generator=g) for g in generators]).to(dev) * cdf[:, -1]
     picked = torch.searchsorted(cdf, u[:, None], right=True).clamp(max=vocab - 1)
     return order.gather(1, picked)[:, 0]
+
+
+def top_logprobs(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
+    """logits: [num_rows, vocab] -> per row the ``k`` most likely ``(token, logprob)``, most likely first."""
+    values, tokens = torch.log_softmax(logits.float(), dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
+    return [list(zip(t, v)) for t, v in zip(tokens.tolist(), values.tolist())]

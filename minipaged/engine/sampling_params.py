@@ -1,9 +1,12 @@
-"""How to sample a request's tokens (named and shaped like vLLM's ``SamplingParams``)."""
+"""How to generate a request's tokens, named and shaped like vLLM's: :class:`SamplingParams` for
+sampling (greedy, temperature, top-k/top-p, ``n`` samples, stop rules) and :class:`BeamSearchParams`
+for beam search."""
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Below this temperature sampling is greedy: dividing logits by a vanishing temperature would
@@ -16,7 +19,7 @@ def _check_int(name: str, value: object, lowest: int, highest: int | None = None
     # bool is an int subclass in Python, but True as a count is a bug, not a request.
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < lowest or (highest is not None and value > highest):
+    if int(value) < lowest or (highest is not None and int(value) > highest):
         bounds = f">= {lowest}" if highest is None else f"in [{lowest}, {highest}]"
         raise ValueError(f"{name} must be {bounds}, got {value}")
 
@@ -33,7 +36,10 @@ class SamplingParams:
 
     ``seed`` (0 .. 2**64 - 1) gives the request its own random stream, so its samples do not
     depend on what else is batched with it. ``n`` samples share the prompt's KV blocks
-    (copy-on-write). Every field is checked here, so a bad value fails before anything is queued.
+    (copy-on-write). A sample stops at an end-of-sequence token (unless ``ignore_eos``), at any
+    of ``stop_token_ids`` (even with ``ignore_eos``), when its text contains one of the ``stop``
+    strings (the text is cut before it), or after ``max_tokens``. Every field is checked here,
+    so a bad value fails before anything is queued.
     """
 
     temperature: float = 1.0
@@ -43,6 +49,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     n: int = 1
+    stop: str | Sequence[str] | None = None
+    stop_token_ids: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature)
@@ -58,7 +66,47 @@ class SamplingParams:
             _check_int("seed", self.seed, 0, MAX_SEED)
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        # Kept as tuples: the params are frozen, and a caller's list must not change them later.
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        for i, text in enumerate(stop):
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"stop[{i}] must be a non-empty string, got {text!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        if isinstance(self.stop_token_ids, (str, bytes)):
+            raise TypeError(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
+        ids = list(self.stop_token_ids or ())
+        for i, t in enumerate(ids):
+            _check_int(f"stop_token_ids[{i}]", t, 0)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """Beam search as vLLM's ``LLM.beam_search`` does it (see :mod:`minipaged.engine.beam_search`).
+
+    ``beam_width`` beams live on; each proposes its ``2 x beam_width`` most likely next tokens.
+    After ``max_tokens`` steps (or when every beam has ended in an end-of-sequence token, unless
+    ``ignore_eos``) the best ``beam_width`` by ``cum_logprob / length ** length_penalty`` are
+    returned, the length counting the prompt and not a final end-of-sequence token.
+    """
+
+    beam_width: int
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    length_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_int("beam_width", self.beam_width, 1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        _check_real("length_penalty", self.length_penalty)
+
+    @property
+    def n(self) -> int:
+        """Sequences the request may hold at once (``max_num_seqs`` counts them)."""
+        return self.beam_width

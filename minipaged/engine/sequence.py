@@ -1,19 +1,29 @@
-"""One sequence being generated: its tokens, how many have K/V in the cache, its blocks."""
+"""One sequence being generated: its tokens, how many have K/V in the cache, its blocks.
+
+A request becomes one or more sequences: ``n`` samples (a *family*), or the live beams of a beam
+search. Who writes what: the scheduler writes a sequence's ``status``, its token counters and
+its tokens; the KV manager writes its ``block_table`` and ``block_hashes``; nothing else does.
+"""
 
 from __future__ import annotations
 
 import enum
 import itertools
+from typing import TYPE_CHECKING
 
 import torch
 
-from minipaged.engine.sampling_params import SamplingParams
+from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.kv.block_table import BlockTable
+
+if TYPE_CHECKING:
+    from minipaged.engine.beam_search import BeamGroup
 
 
 class Status(enum.Enum):
-    WAITING = "waiting"
+    WAITING = "waiting"  # queued: not started, preempted (to recompute), or a sample not forked yet
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted with its K/V moved to host memory
     FINISHED = "finished"
 
 
@@ -21,19 +31,20 @@ _ids = itertools.count()
 
 
 class Sequence:
-    """A request's prompt plus the tokens sampled so far.
+    """A request's prompt plus the tokens generated so far.
 
     ``num_computed_tokens`` counts the tokens whose K/V are in the cache (prefix-cache hits
     included). A step computes ``token_ids[num_computed_tokens : num_computed_tokens + n]``; when
-    that reaches the last token, the step's logits give the next token. Preemption resets it to
-    0 and the whole sequence is recomputed on resumption (the sampled tokens are kept).
+    that reaches the last token, the step's logits give the next token. Preemption by recompute
+    resets it to 0 and the whole sequence is computed again on resumption (the generated tokens
+    are kept); preemption by swapping keeps it, and the K/V come back from host memory.
     """
 
     def __init__(
         self,
         request_id: int,
         prompt_token_ids: list[int],
-        params: SamplingParams,
+        params: SamplingParams | BeamSearchParams,
         block_size: int,
         sample_index: int = 0,
     ) -> None:
@@ -49,10 +60,14 @@ class Sequence:
         self.block_table = BlockTable(block_size)
         self.block_hashes: list[int] = []  # hashes of this sequence's full blocks, in order
         self.finish_reason: str | None = None
-        self.fork_pending = params.n > 1 and sample_index == 0  # parent of n samples, not yet forked
-        self.family: list[Sequence] = [self]  # the request's samples, shared by all of them (see fork)
-        self.generator = None
-        if params.seed is not None:
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+        self.text_len: int | None = None  # the output text is cut here (before a stop string)
+        self.fork_pending = False  # parent of n samples whose siblings fork once its prompt is done
+        self.family: list[Sequence] = [self]  # the request's samples, shared by all of them
+        self.beam: BeamGroup | None = None  # the beam search this sequence is a beam of
+        self.cum_logprob = 0.0  # beams: log-probability of the generated tokens
+        self.generator: torch.Generator | None = None
+        if isinstance(params, SamplingParams) and params.seed is not None:
             # One stream per (request seed, sample): independent of batching and preemption.
             self.generator = torch.Generator().manual_seed((params.seed * 1_000_003 + sample_index) % 2**64)
 
@@ -60,15 +75,13 @@ class Sequence:
     def for_request(
         cls, request_id: int, prompt_token_ids: list[int], params: SamplingParams, block_size: int, fork_later: bool
     ) -> list[Sequence]:
-        """The sequences of one request. With ``fork_later`` (a paged cache) the ``n`` samples start
-        as one sequence that forks once the prompt is computed, sharing its blocks; otherwise
-        (nothing can be shared) each sample is a sequence of its own from the start."""
-        if fork_later:
-            return [cls(request_id, prompt_token_ids, params, block_size)]
+        """The ``n`` samples of one request, as one family. With ``fork_later`` (a cache that can
+        share blocks) the first computes the prompt and the others fork from it once it is done,
+        sharing its blocks; otherwise each sample computes the prompt on its own."""
         seqs = [cls(request_id, prompt_token_ids, params, block_size, sample_index=i) for i in range(params.n)]
         for s in seqs:
-            s.fork_pending = False
             s.family = seqs
+        seqs[0].fork_pending = fork_later and params.n > 1
         return seqs
 
     def __len__(self) -> int:
@@ -88,6 +101,11 @@ class Sequence:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
+    @property
+    def pending_samples(self) -> list[Sequence]:
+        """The siblings that fork from this sequence once its prompt is computed."""
+        return self.family[1:] if self.fork_pending else []
+
     def is_decode(self, num_new_tokens: int) -> bool:
         """Whether computing ``num_new_tokens`` now is a decode step: the one token sampled last.
 
@@ -96,21 +114,14 @@ class Sequence:
         """
         return num_new_tokens == 1 and self.num_output_tokens > 0 and self.num_computed_tokens == len(self) - 1
 
-    def fork(self, sample_index: int) -> Sequence:
-        """A sibling sample with the same tokens so far, joining the family; blocks are shared by
-        the block manager."""
-        child = Sequence(
-            self.request_id,
-            self.token_ids[: self.num_prompt_tokens],
-            self.params,
-            self.block_table.block_size,
-            sample_index,
-        )
+    def branch(self) -> Sequence:
+        """A new beam with this beam's tokens so far (its blocks are shared by the KV manager)."""
+        child = Sequence(self.request_id, self.token_ids[: self.num_prompt_tokens], self.params, 1)
+        child.block_table = BlockTable(self.block_table.block_size)
         child.token_ids = list(self.token_ids)
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens
-        child.block_hashes = list(self.block_hashes)
         child.status = self.status
-        child.family = self.family
-        self.family.append(child)
+        child.beam = self.beam
+        child.cum_logprob = self.cum_logprob
         return child

@@ -1,7 +1,8 @@
 """Stage 4: Triton kernels for the paged KV cache (store, prefill attention, decode attention).
 
 Same names, shapes and semantics as the torch path (:mod:`minipaged.attention.reference`), so
-:func:`minipaged.attention.backends.get_ops` can swap one for the other. Each module reads like a
+:class:`TritonBackend` stands in for the torch backends behind one interface
+(:mod:`minipaged.attention.backends`). Each module reads like a
 Triton tutorial: the kernel, then a short wrapper that checks its arguments
 (:mod:`~minipaged.kernels._checks`), picks tile sizes and launches.
 
@@ -15,12 +16,14 @@ Triton tutorial: the kernel, then a short wrapper that checks its arguments
 Only this package imports Triton; ``import minipaged`` and the torch path do not need it.
 """
 
+from minipaged.kernels.backend import TritonBackend
 from minipaged.kernels.interpreter import INTERPRET, interpreting
 from minipaged.kernels.paged_attention import kernel_constexprs, paged_decode_attention, paged_prefill_attention
 from minipaged.kernels.store import store_constexprs, store_kvcache
 
 __all__ = [
     "INTERPRET",
+    "TritonBackend",
     "interpreting",
     "kernel_constexprs",
     "paged_decode_attention",

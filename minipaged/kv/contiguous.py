@@ -52,6 +52,10 @@ class FirstFitArena:
             )
         raise ArenaFullError(f"asked for {size} slots, only {self.free_slots} free of {self.num_slots}")
 
+    def __contains__(self, owner: Hashable) -> bool:
+        """Whether ``owner`` holds a reservation."""
+        return owner in self._spans
+
     def free(self, owner: Hashable) -> None:
         if owner not in self._spans:
             raise KeyError(f"{owner!r} holds no reservation")

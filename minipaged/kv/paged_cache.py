@@ -27,10 +27,12 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        pin_memory: bool = False,
     ) -> None:
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # pin_memory: a host pool that a GPU copies to and from without staging (swap space).
+        self.k = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+        self.v = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory)
         self.num_blocks = num_blocks
         self.block_size = block_size
 
@@ -41,7 +43,13 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def copy_block(self, src: int, dst: int) -> None:
-        """Copy one physical block's K/V in every layer (copy-on-write)."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+    def copy_blocks(self, pairs: list[tuple[int, int]], into: PagedKVCache | None = None) -> None:
+        """For each ``(src, dst)``: block ``src`` of this cache -> block ``dst`` of ``into`` (default
+        this one), in every layer. One gather and one scatter per tensor, whatever the count:
+        copy-on-write copies within the pool, and swapping moves blocks between device and host.
+        """
+        dst_cache = self if into is None else into
+        src = torch.tensor([a for a, _ in pairs], dtype=torch.long, device=self.k.device)
+        dst = torch.tensor([b for _, b in pairs], dtype=torch.long, device=dst_cache.k.device)
+        for a, b in ((self.k, dst_cache.k), (self.v, dst_cache.v)):
+            b.index_copy_(1, dst, a.index_select(1, src).to(b.device, non_blocking=True))

@@ -1,319 +1,351 @@
-"""Animations for slides: a real engine run, one frame per step, as a GIF, an HTML page or a notebook player.
+"""Animations for slides: a real engine run, one frame per step, played by matplotlib's ``FuncAnimation``.
 
-Two scripted runs of the embedded model (:func:`prefix_frames`, :func:`engine_frames`) add
-requests between steps and keep every ``StepSnapshot``; :mod:`minipaged.viz.frames` (where
-those runs live) reads off what each step did. Each frame shows the caption, the block tables
-(logical -> physical block ids, fill = tokens in cache), the queues and running totals, and the
-physical pool::
+A scripted run of the embedded model (:data:`SCENARIOS`) is recorded once: every ``StepSnapshot``,
+with what each step did, read off two consecutive snapshots (:class:`StepEvents`: prefix hits,
+tables growing, copy-on-write, forks, evictions of cached blocks, preemption, blocks freed), a
+caption saying so and running totals (:func:`build_frames` -> :class:`Movie`). Frame ``k`` is then a
+pure function of snapshot ``k`` (:func:`draw_frame`: the stage 5 step picture with the caption and
+the events written on the blocks). :func:`render` saves the ``FuncAnimation`` as a GIF
+(``PillowWriter``) or as a page that plays offline (``to_jshtml``); in a notebook, :func:`player` is a
+Play button and a slider::
 
     python -m minipaged animate prefix --out prefix.gif     # shared preamble, fork, copy-on-write, LRU eviction
     python -m minipaged animate engine --out engine.html    # arrivals, chunked prefill, growth, preemption
-
-In a notebook: ``movie = animate.prefix_frames()``, then ``animate.player(movie)`` (a Play button
-and a step slider, frames drawn as they are first shown), ``animate.inline_html(movie)`` (the HTML
-player as a cell output that plays without a kernel) or ``animate.render(movie, "prefix.gif")``.
-Frames are 1280 x 800 pixels (12.8 x 8 inches at 100 dpi) and no text is smaller than 10 pt.
 """
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import html
 import io
-import json
-import math
-import textwrap
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyBboxPatch, Rectangle
-from matplotlib.ticker import MaxNLocator
-from tqdm.auto import tqdm
 
-from minipaged.viz.frames import SCENARIOS, Movie, engine_frames, prefix_frames, run_scenario
-from minipaged.viz.palette import BLUE, CACHED, CACHED_HATCH, FREE, IN_USE, MUTED, SHARED, Ink
-
-__all__ = [
-    "draw_frame",
-    "engine_frames",
-    "frame_png",
-    "frame_pngs",
-    "html_page",
-    "inline_html",
-    "main",
-    "player",
-    "prefix_frames",
-    "render",
-]
-
-WIDTH, HEIGHT, DPI = 1280, 800, 100
-FPS = 1.5  # engine steps per second: time to read a caption
+from minipaged.viz.palette import SEQUENCE_COLORS, Ink, inks_over_time, owner_inks
+from minipaged.viz.scheduler import draw_step, seq_names
 
 
-# -- drawing one frame (pixel coordinates, y down) -----------------------------------------------------
-def _ink(movie: Movie, seq: int) -> Ink:
-    return movie.inks.get(seq, Ink(IN_USE))
+@dataclass
+class StepEvents:
+    """What one step changed. Sequence ids throughout; blocks are physical block ids."""
+
+    arrived: list[int] = field(default_factory=list)  # first seen this step (waiting or running)
+    admitted: list[int] = field(default_factory=list)  # started (or, after preemption, restarted) running
+    resumed: list[int] = field(default_factory=list)  # the admitted ones that had been preempted before
+    hits: dict[int, list[int]] = field(default_factory=dict)  # seq -> blocks shared from the prefix cache
+    revived: list[int] = field(default_factory=list)  # hit blocks nobody used before (taken off the free queue)
+    grown: dict[int, list[int]] = field(default_factory=dict)  # seq -> new blocks appended to its table
+    cow: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, shared block, its new copy)
+    forked: list[tuple[int, int]] = field(default_factory=list)  # (parent, child)
+    evicted: list[int] = field(default_factory=list)  # cached blocks handed out again
+    preempted: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    freed: list[int] = field(default_factory=list)  # blocks whose ref_cnt fell to 0
+
+    def tags(self) -> dict[int, str]:
+        """Block -> the word an animation writes on it."""
+        out = {b: "hit" for bs in self.hits.values() for b in bs} | {b: "new" for bs in self.grown.values() for b in bs}
+        out |= {new: f"copy\nof {old}" for _, old, new in self.cow}
+        return out | dict.fromkeys(self.evicted, "evicted") | dict.fromkeys(self.freed, "freed")
 
 
-def _chip(ax, x: float, y: float, w: float, h: float, text: str, ink: Ink, size: float = 14) -> None:
-    ax.add_patch(
-        FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0,rounding_size=6", fc=ink.color, ec="none", hatch=ink.hatch)
-    )
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, weight="bold", color=ink.text)
+@dataclass
+class Frame:
+    """One animation frame: a step's snapshot, what changed, the caption that says so, running totals
+    (``prefix_hit_tokens``, ``cow_copies``, ``evictions``, ``preemptions``)."""
+
+    snapshot: object
+    events: StepEvents
+    caption: str
+    totals: dict[str, int]
 
 
-def _status(snap, ev, seq: int) -> tuple[str, str]:
-    """(word, colour) for a sequence's row: what it did this step."""
-    if seq in ev.finished:
-        return "finished", MUTED
-    if seq in ev.preempted:
-        return "preempted", SHARED
-    work = next((d for d in snap.scheduled if d["seq_id"] == seq), None)
-    if work is not None:
-        return f"{work['kind']} {work['num_tokens']}", "black"
-    if any(child == seq for _, child in ev.forked):
-        return "forked", "black"
-    return ("idle" if seq in snap.running else "waiting"), MUTED
+@dataclass
+class Movie:
+    """Frames plus what every frame shares: sequence names and colours, pool geometry."""
+
+    title: str
+    frames: list[Frame]
+    names: dict[int, str]
+    inks: dict[int, Ink]  # seq_id -> colour (and hatch), never shared by two sequences alive at once
+    block_size: int
+    num_blocks: int
+    token_budget: int | None = None  # the engine's max_num_batched_tokens, when known
+
+    def head(self, max_frames: int | None) -> Movie:
+        """The first ``max_frames`` frames (all when None), for short previews and fast tests."""
+        return dataclasses.replace(self, frames=self.frames if max_frames is None else self.frames[:max_frames])
 
 
-def _tables(ax, movie: Movie, k: int, top: float, bottom: float) -> None:
-    """One row per sequence alive or just gone: name, status, then its blocks (fill = tokens in cache)."""
-    frame = movie.frames[k]
-    snap, ev, bs = frame.snapshot, frame.events, movie.block_size
-    seqs = sorted(set(snap.running) | set(snap.waiting) | set(ev.finished))
-    longest = max(len(t) for f in movie.frames for t in f.snapshot.block_tables.values() or [[]]) or 1
-    rows = max(len(set(f.snapshot.running) | set(f.snapshot.waiting) | set(f.events.finished)) for f in movie.frames)
-    ax.text(
-        20,
-        top,
-        "Block tables: each row is a sequence; a box is one of its blocks, labelled with the "
-        "physical block id (filled part = tokens in the KV cache)",
-        fontsize=12,
-        va="top",
-    )
-    row_h = min(66, (bottom - top - 26) / max(rows, 1))
-    ch = max(14, min(32, row_h - 18))  # cell height; 16 px above each cell hold its tag
-    cell = min(70, (910 - 200) / longest)
-    hits = {b for bl in ev.hits.values() for b in bl}
-    cow = {new: old for _, old, new in ev.cow}
-    for r, seq in enumerate(seqs):
-        y = top + 26 + r * row_h + 16  # 16 px above the cells for tags
-        ink = _ink(movie, seq)
-        _chip(ax, 20, y, 64, ch, movie.names.get(seq, str(seq)), ink)
-        word, wc = _status(snap, ev, seq)
-        ax.text(92, y + ch / 2, word, fontsize=11, va="center", color=wc)
-        table = snap.block_tables.get(seq, [])
-        if not table:
-            note = {"finished": "blocks freed", "preempted": "blocks freed: recomputed when readmitted"}
-            ax.text(200, y + ch / 2, note.get(word, "no blocks yet"), fontsize=11, va="center", color=MUTED)
-        grown = set(ev.grown.get(seq, []))
-        for i, b in enumerate(table):
-            x = 200 + i * cell
-            filled = max(0, min(bs, snap.num_tokens.get(seq, 0) - i * bs)) / bs
-            shared = snap.ref_cnt[b] > 1
-            ax.add_patch(Rectangle((x, y), cell - 6, ch, fc="white", ec=ink.color, lw=1.5))
-            ax.add_patch(Rectangle((x, y), (cell - 6) * filled, ch, fc=ink.color, ec="none", hatch=ink.hatch))
-            if shared:
-                ax.add_patch(Rectangle((x, y), cell - 6, ch, fc="none", ec=SHARED, lw=3.5))
-            box = None if filled == 1 else dict(boxstyle="round,pad=0.1", fc="white", ec="none")
-            ax.text(
-                x + (cell - 6) / 2,
-                y + ch / 2,
-                str(b),
-                ha="center",
-                va="center",
-                fontsize=12,
-                weight="bold",
-                color=ink.text if filled == 1 else "black",
-                bbox=box,
-            )
-            tag = (
-                f"copy of {cow[b]}"
-                if b in cow
-                else "hit"
-                if b in hits and seq in ev.hits
-                else "new"
-                if b in grown
-                else f"×{snap.ref_cnt[b]}"
-                if shared
-                else ""
-            )
-            ax.text(x, y - 2, tag, fontsize=10, color=SHARED if b in cow or tag == "hit" else MUTED, va="bottom")
+def _live(snap) -> list[int]:
+    return list(dict.fromkeys([*snap.running, *snap.waiting]))
 
 
-def _side(fig, ax, movie: Movie, k: int, left: float, top: float) -> None:
-    """Queues, running totals and a small plot of blocks in use over the steps."""
-    frame = movie.frames[k]
-    snap, t = frame.snapshot, frame.totals
-    nm = movie.names
-    lines = [
-        ("Queues", 13, "bold"),
-        ("running: " + (" ".join(nm.get(s, str(s)) for s in snap.running) or "-"), 12, "normal"),
-        ("waiting: " + (" ".join(nm.get(s, str(s)) for s in snap.waiting) or "-"), 12, "normal"),
-        (
-            f"tokens this step: {sum(d['num_tokens'] for d in snap.scheduled)} (budget {movie.token_budget})",
-            12,
-            "normal",
-        ),
-        ("", 6, "normal"),
-        ("Totals so far", 13, "bold"),
-        (f"free blocks: {snap.num_free_blocks} of {movie.num_blocks}", 12, "normal"),
-        (f"prefix-cache hits: {t['prefix_hit_tokens']} tokens", 12, "normal"),
-        (f"copies on write: {t['cow_copies']}", 12, "normal"),
-        (f"evictions: {t['evictions']}", 12, "normal"),
-        (f"preemptions: {t['preemptions']}", 12, "normal"),
-    ]
-    y = top
-    for text, size, weight in lines:
-        ax.text(left, y, text, fontsize=size, weight=weight, va="top")
-        y += size * 1.39 + 6
-    used = [movie.num_blocks - f.snapshot.num_free_blocks for f in movie.frames]
-    spark = fig.add_axes([left / WIDTH, 1 - 520 / HEIGHT, (WIDTH - left - 30) / WIDTH, (520 - y - 28) / HEIGHT])
-    edges = [f.snapshot.step - 0.5 for f in movie.frames] + [movie.frames[-1].snapshot.step + 0.5]
-    spark.stairs(used[: k + 1], edges[: k + 2], fill=True, color=BLUE, alpha=0.35)
-    spark.stairs(used[: k + 1], edges[: k + 2], color=BLUE, lw=2)
-    spark.set_xlim(edges[0], edges[-1])
-    spark.set_ylim(0, movie.num_blocks)
-    spark.set_title("blocks in use", fontsize=12, loc="left")
-    spark.tick_params(labelsize=10)
-    spark.xaxis.set_major_locator(MaxNLocator(integer=True))
-    spark.set_xlabel("step", fontsize=10, labelpad=1)
-
-
-def _pool(ax, movie: Movie, k: int, top: float) -> None:
-    """The physical blocks: owners' colours (stripes when shared), cached-but-free dotted, events tagged."""
-    frame = movie.frames[k]
-    snap, ev = frame.snapshot, frame.events
-    n = movie.num_blocks
-    ax.text(20, top, f"Physical KV pool: {n} blocks of {movie.block_size} token slots", fontsize=12, va="top")
-    rows = math.ceil(n / 12)
-    cols = math.ceil(n / rows)
-    w, h = (WIDTH - 40) / cols, min(100, (HEIGHT - top - 62) / rows)
-    owners: dict[int, list[int]] = {}
+def step_events(prev, snap, block_size: int) -> StepEvents:
+    """Compare snapshot ``snap`` with the one before it (``prev``; None before the first step)."""
+    prev_tables = prev.block_tables if prev else {}
+    prev_cached = prev.cached if prev else [False] * len(snap.cached)
+    prev_ref = prev.ref_cnt if prev else [0] * len(snap.ref_cnt)
+    scheduled = {d["seq_id"]: d for d in snap.scheduled}
+    ev = StepEvents(preempted=list(snap.preempted))
+    ev.arrived = [s for s in _live(snap) if s not in (_live(prev) if prev else [])]
+    allocated: list[int] = []
     for seq, table in snap.block_tables.items():
-        for b in table:
-            owners.setdefault(b, []).append(seq)
-    tags = {b: "evicted" for b in ev.evicted} | {b: "freed" for b in ev.freed}
-    tags |= {new: f"copy of {old}" for _, old, new in ev.cow}
-    for b in range(n):
-        x, y = 20 + (b % cols) * w, top + 24 + (b // cols) * h
-        who = owners.get(b, [])
-        if who:
-            for j, seq in enumerate(who):
-                ink = _ink(movie, seq)
-                ax.add_patch(
-                    Rectangle(
-                        (x + j * (w - 6) / len(who), y),
-                        (w - 6) / len(who),
-                        h - 6,
-                        fc=ink.color,
-                        ec="none",
-                        hatch=ink.hatch,
-                    )
-                )
-            label = " ".join(movie.names.get(s, str(s)) for s in who)
-        else:
-            label = "cached" if snap.cached[b] else "free"
-            ax.add_patch(
-                Rectangle(
-                    (x, y),
-                    w - 6,
-                    h - 6,
-                    fc=CACHED if snap.cached[b] else FREE,
-                    lw=0,
-                    ec="#7FA7C9",
-                    hatch=CACHED_HATCH if snap.cached[b] else None,
-                )
-            )
-        shared = snap.ref_cnt[b] > 1
-        ax.add_patch(
-            Rectangle((x, y), w - 6, h - 6, fc="none", ec=SHARED if shared else "#444444", lw=3.5 if shared else 1)
+        if seq not in prev_tables and seq not in scheduled:  # a new table nobody computed for: a fork
+            parent = next((p for p, t in snap.block_tables.items() if p != seq and p in scheduled and t == table), None)
+            if parent is not None:  # (None: a run watched from the middle, this sequence was there before)
+                ev.forked.append((parent, seq))
+                ev.arrived = [s for s in ev.arrived if s != seq]
+            continue
+        old = prev_tables.get(seq, [])
+        if seq not in prev_tables:
+            ev.admitted.append(seq)
+            work = scheduled[seq]  # a newly admitted sequence's prefix hit: what was cached before its first step
+            old = table[: work["num_computed_tokens"] // block_size if work["kind"] == "prefill" else 0]
+            if old:
+                ev.hits[seq] = old
+                ev.revived += [b for b in old if prev_ref[b] == 0 and b not in ev.revived]
+        ev.cow += [(seq, a, b) for a, b in zip(old, table) if a != b]
+        allocated += [b for a, b in zip(old, table) if a != b] + table[len(old) :]
+        if table[len(old) :]:
+            ev.grown[seq] = table[len(old) :]
+    ev.finished = [s for s in prev_tables if s not in snap.block_tables and s not in snap.preempted]
+    lost = {b for b, c in enumerate(snap.cached) if prev_cached[b] and not c}
+    ev.evicted = sorted({b for b in allocated if prev_cached[b]} | lost)
+    ev.freed = [b for b, r in enumerate(snap.ref_cnt) if prev_ref[b] > 0 and r == 0]
+    return ev
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _blocks(ids: Sequence[int]) -> str:
+    return ("block " if len(ids) == 1 else "blocks ") + ", ".join(map(str, ids))
+
+
+def caption(prev, snap, ev: StepEvents, names: dict[int, str], block_size: int) -> str:
+    """One clause per event, in the order the step did them; a plain summary when nothing special happened."""
+    before = prev.block_tables if prev else {}
+
+    def nm(seq: int) -> str:
+        return names.get(seq, f"seq {seq}")
+
+    def freed_by(seqs: Sequence[int]) -> list[int]:
+        return [b for b in ev.freed if any(b in before.get(s, []) for s in seqs)]
+
+    parts = [
+        f"the pool is full: {nm(s)}, the newest running sequence, is preempted and gives back "
+        f"{_plural(len(freed_by([s])), 'block')}; it will be recomputed later"
+        for s in ev.preempted
+    ]
+    for seq, old, new in ev.cow:
+        keep = [nm(s) for s, t in snap.block_tables.items() if old in t]
+        parts.append(
+            f"copy-on-write: {nm(seq)} writes into block {old}, which it shares, so it gets its own copy, "
+            f"block {new}" + (f"; {', '.join(keep)} keeps block {old}" if keep else "")
         )
-        box = dict(boxstyle="round,pad=0.15", fc="white", ec="none")
-        ax.text(x + 6, y + 4, str(b), fontsize=13, weight="bold", va="top", bbox=box)
-        ax.text(
-            x + (w - 6) / 2,
-            y + (h - 6) * 0.62,
-            label + (f"  ×{snap.ref_cnt[b]}" if shared else ""),
-            ha="center",
-            va="center",
-            fontsize=11,
-            bbox=box,
-            color="black" if who else MUTED,
+    for seq in ev.admitted:
+        hit, work = ev.hits.get(seq, []), next(d for d in snap.scheduled if d["seq_id"] == seq)
+        how = "is admitted" if seq not in ev.arrived else "arrives and is admitted"
+        how = "resumes after preemption" if seq in ev.resumed else how
+        revived = " from the free queue" if set(hit) <= set(ev.revived) else ""
+        what = f"{nm(seq)} {how}" + (
+            f": {len(hit)} cached blocks hit{revived} ({len(hit) * block_size} tokens)," if hit else ":"
         )
-        if b in tags:
-            ax.text(
-                x + w - 10,
-                y + 4,
-                tags[b],
-                ha="right",
-                va="top",
-                fontsize=10,
-                weight="bold",
-                color="white",
-                bbox=dict(boxstyle="round,pad=0.2", fc=SHARED if tags[b] != "freed" else MUTED),
-            )
-    ax.text(
-        20,
-        HEIGHT - 12,
-        "red outline: shared block (ref_cnt > 1)   ·   dotted blue: cached prefix nobody uses "
-        "(reusable; evicted least recently used first)   ·   grey: free",
-        fontsize=11,
-        color=MUTED,
-    )
+        parts.append(f"{what} {'recomputes' if seq in ev.resumed else 'prefills'} {work['num_tokens']} tokens")
+    waiting = [nm(s) for s in ev.arrived if s not in ev.admitted]
+    if waiting:
+        parts.append(f"{', '.join(waiting)} {'arrives' if len(waiting) == 1 else 'arrive'} and waits")
+    takers = {b: s for s, bs in ev.grown.items() for b in bs} | {new: s for s, _, new in ev.cow}
+    for seq in dict.fromkeys(takers[b] for b in ev.evicted if b in takers):
+        mine = [b for b in ev.evicted if takers.get(b) == seq]
+        parts.append(
+            f"{nm(seq)} needs {_plural(len(mine), 'block')}: {_blocks(mine)}, least recently freed, "
+            "evicted from the prefix cache"
+        )
+    parts += [f"{nm(p)} forks {nm(c)}: both share its {len(snap.block_tables[c])} blocks" for p, c in ev.forked]
+    parts += [
+        f"{nm(d['seq_id'])} prefills {d['num_tokens']} more tokens (chunked prefill: "
+        f"{snap.num_tokens.get(d['seq_id'], 0)} in cache)"
+        for d in snap.scheduled
+        if d["kind"] == "prefill" and d["seq_id"] not in ev.admitted
+    ]
+    if ev.finished:
+        freed = freed_by(ev.finished)
+        kept = sum(snap.cached[b] for b in freed)
+        parts.append(
+            f"{', '.join(nm(s) for s in ev.finished)} finished: {_plural(len(freed), 'block')} freed"
+            + (f" ({kept} stay cached)" if kept else "")
+        )
+    decodes = sum(d["kind"] == "decode" for d in snap.scheduled)
+    if not parts:
+        one = f"{_plural(decodes, 'sequence')} decode{'s' * (decodes == 1)} one token" + " each" * (decodes > 1)
+        parts.append(one if decodes else "nothing to run")
+    for seq, blocks in ev.grown.items():
+        if seq not in ev.admitted and not any(b in takers and b in ev.evicted for b in blocks):
+            parts.append(f"{nm(seq)}'s table grows by {_blocks(blocks)}")
+    return f"step {snap.step}: " + "; ".join(parts)
+
+
+def build_frames(
+    snapshots: Sequence, block_size: int, num_blocks: int, title: str = "", names=None, token_budget=None
+) -> Movie:
+    """A :class:`Movie` with one frame per snapshot (paged cache only: snapshots need ``ref_cnt``).
+
+    For a run of your own: ``build_frames(snaps, llm.block_size, llm.num_blocks, "my run")``, where
+    ``snaps`` are what ``llm.step()`` returned, every one from the first step on (a run watched
+    from the middle works too; its first frame simply finds its sequences already there).
+    """
+    names = dict(names or seq_names(snapshots, lambda r: chr(ord("A") + r) if r < 26 else f"R{r}"))  # A, B, ...
+    for snap in snapshots:  # sequences never scheduled in these snapshots keep their id
+        for s in [*_live(snap), *snap.block_tables]:
+            names.setdefault(s, f"seq {s}")
+    totals = dict(prefix_hit_tokens=0, cow_copies=0, evictions=0, preemptions=0)
+    frames, prev, preempted = [], None, set()
+    for snap in snapshots:
+        ev = step_events(prev, snap, block_size)
+        ev.resumed = [s for s in ev.admitted if s in preempted]
+        preempted.update(ev.preempted)
+        now = (sum(map(len, ev.hits.values())) * block_size, len(ev.cow), len(ev.evicted), len(ev.preempted))
+        totals = {k: v + n for (k, v), n in zip(totals.items(), now)}
+        frames.append(Frame(snap, ev, caption(prev, snap, ev, names, block_size), totals))
+        prev = snap
+    alive = [[names[s] for s in _live(snap)] for snap in snapshots]
+    everyone = {n for a in alive for n in a}
+    # A colour of its own for each sequence (A blue, B orange, ...) while there are enough; past
+    # that, colours are reused, never by two sequences alive at once.
+    inks = owner_inks(everyone) if len(everyone) <= len(SEQUENCE_COLORS) else inks_over_time(alive)
+    inks = {s: inks[n] for s, n in names.items() if n in inks}
+    return Movie(title, frames, names, inks, block_size, num_blocks, token_budget)
+
+
+SYSTEM = "You are a careful copy machine. "  # 32 characters: 4 full blocks of 8 tokens
+# name -> (title, LLM keyword arguments, requests added before a step: (step, text, preamble, samples)).
+SCENARIOS = {
+    # Four requests share a preamble; C samples twice (a fork, then copy-on-write); D, with another
+    # preamble, takes the last never-used blocks, so later growth evicts cached blocks (least
+    # recently freed first); E, after everyone else sharing it is gone, still finds the preamble cached.
+    "prefix": (
+        "Prefix caching: shared blocks, copy-on-write, LRU eviction",
+        dict(
+            block_size=8, num_kvcache_blocks=16, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
+        ),
+        [(0, "kv cache", SYSTEM, 1), (2, "paged blocks", SYSTEM, 1), (4, "fork me", SYSTEM, 2)]
+        + [(9, "eviction", "Say it back: ", 1), (16, "lru", SYSTEM, 1)],
+    ),
+    # Five requests on a small pool with a 16-token budget: prompts are prefilled in chunks, tables
+    # grow as tokens are decoded, the newest sequence is preempted when the pool runs dry.
+    "engine": (
+        "Continuous batching: chunked prefill, growing tables, preemption",
+        dict(block_size=8, num_kvcache_blocks=12, max_num_seqs=4, max_num_batched_tokens=16),
+        [(0, "continuous batching", "", 1), (0, "pages", "", 1), (2, "chunked prefill splits", "long prompt: ", 1)]
+        + [(5, "preempt me", "", 1), (8, "done", "", 1)],
+    ),
+}
+
+
+def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movie:
+    """Run the embedded model through ``SCENARIOS[which]``, one ``LLM.step()`` per frame.
+
+    Requests are added before the step their arrival names (idle stretches are skipped); every
+    snapshot is kept, then turned into a :class:`Movie` by :func:`build_frames`.
+    """
+    from minipaged import LLM, SamplingParams
+    from minipaged.tiny.task import prompt_for
+
+    title, engine, arrivals = SCENARIOS[which]
+    llm, pending = LLM(**engine), sorted(arrivals, key=lambda a: a[0])
+    snapshots, skipped = [], 0
+    while (pending or llm.has_unfinished_requests()) and len(snapshots) < max_steps:
+        if not llm.has_unfinished_requests():  # idle until the next arrival: skip the empty steps
+            skipped = pending[0][0] - len(snapshots)
+        while pending and pending[0][0] - skipped <= len(snapshots):
+            _, text, preamble, n = pending.pop(0)
+            llm.add_request(prompt_for(text, preamble), SamplingParams(temperature=0, max_tokens=max_tokens, n=n))
+        snapshots.append(llm.step())
+    return build_frames(snapshots, llm.block_size, llm.num_blocks, title, None, engine["max_num_batched_tokens"])
+
+
+WIDTH, HEIGHT, DPI = 1280, 800, 100  # pixels of a frame at DPI
+FPS = 1.5  # engine steps per second: time to read a caption
+# to_jshtml's buttons are Font Awesome icons from a CDN: offline pages draw them as characters instead.
+ICONS = {"minus": "−", "plus": "+", "play": "▶", "pause": "❚❚", "step-backward": "|◀", "step-forward": "▶|"}
+ICONS |= {"fast-backward": "|◀◀", "fast-forward": "▶▶|"}
+OFFLINE_CSS = "".join(f'.fa-{k}::before {{ content: "{v}"; }}\n' for k, v in ICONS.items())
+OFFLINE_CSS += ".fa-flip-horizontal { display: inline-block; transform: scaleX(-1); }\n"
+
+
+def prefix_frames(max_steps: int = 200) -> Movie:
+    """The ``prefix`` run: sharing a preamble, a fork with copy-on-write, eviction, a hit after eviction."""
+    return run_scenario("prefix", max_steps)
+
+
+def engine_frames(max_steps: int = 200) -> Movie:
+    """The ``engine`` run: arrivals, chunked prefill, block tables growing, preemption and resumption."""
+    return run_scenario("engine", max_steps)
+
+
+def new_frame(dpi: int = DPI) -> Figure:
+    """An empty figure of a frame's size (``WIDTH`` x ``HEIGHT`` pixels at 100 dpi; ``dpi`` scales it)."""
+    return Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=dpi, layout="constrained")
 
 
 def draw_frame(movie: Movie, k: int, fig: Figure | None = None) -> Figure:
-    """Frame ``k`` of ``movie`` as a 1280 x 800 px figure (drawn into ``fig`` when given, after clearing it)."""
-    if fig is None:
-        fig = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
-    fig.clear()
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, WIDTH)
-    ax.set_ylim(HEIGHT, 0)
-    ax.set_axis_off()
-    frame = movie.frames[k]
-    ax.text(20, 14, movie.title, fontsize=17, weight="bold", va="top")
-    ax.text(WIDTH - 20, 16, f"frame {k + 1} of {len(movie.frames)}", fontsize=11, va="top", ha="right", color=MUTED)
-    ax.add_patch(
-        FancyBboxPatch((14, 50), WIDTH - 28, 80, boxstyle="round,pad=0,rounding_size=8", fc="#F3F3F3", ec="none")
-    )
-    size, width = (14, 118) if len(textwrap.wrap(frame.caption, 118)) <= 3 else (12, 138)  # stay in the box
-    ax.text(26, 58, textwrap.fill(frame.caption, width), fontsize=size, va="top", linespacing=1.3)
-    _tables(ax, movie, k, top=142, bottom=530)
-    _side(fig, ax, movie, k, left=935, top=170)
-    _pool(ax, movie, k, top=540)
-    return fig
+    """Frame ``k`` of ``movie``, drawn from its snapshot alone (into ``fig`` when given, after clearing it)."""
+    frame, t = movie.frames[k], movie.frames[k].totals
+    notes = [f"token budget per step: {movie.token_budget or 'none'}", "", "totals so far:"]
+    notes += [f"prefix-cache hits: {t['prefix_hit_tokens']} tokens", f"copies on write: {t['cow_copies']}"]
+    notes += [f"evictions: {t['evictions']}", f"preemptions: {t['preemptions']}"]
+    usage = [(f.snapshot.step, movie.num_blocks - f.snapshot.num_free_blocks) for f in movie.frames]
+    title = f"{movie.title}   (frame {k + 1} of {len(movie.frames)})"
+    fig, tags = fig or new_frame(), frame.events.tags()
+    kw = dict(fig=fig, inks=movie.inks, caption=frame.caption, tags=tags, notes=notes, usage=usage)
+    return draw_step(frame.snapshot, movie.block_size, movie.names, title, **kw)
 
 
-# -- output ------------------------------------------------------------------------------------------------
+def animation(movie: Movie, fps: float = FPS, dpi: int = DPI) -> FuncAnimation:
+    """``movie`` as a ``FuncAnimation``: frame ``k`` is :func:`draw_frame` of snapshot ``k``, ``fps`` steps a second."""
+    if not movie.frames:
+        raise ValueError("the movie has no frames: run more engine steps")
+    fig = new_frame(dpi)
+    return FuncAnimation(fig, lambda k: draw_frame(movie, k, fig).axes, frames=len(movie.frames), interval=1000 / fps)
+
+
 def frame_png(movie: Movie, k: int, fig: Figure | None = None) -> bytes:
-    """Frame ``k`` as PNG bytes, exactly 1280 x 800 (no tight bounding box: every frame the same size)."""
+    """Frame ``k`` as PNG bytes, exactly ``WIDTH`` x ``HEIGHT`` (no tight bounding box: every frame the same size)."""
     buf = io.BytesIO()
     draw_frame(movie, k, fig).savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
 
-def frame_pngs(movie: Movie, progress: bool = True) -> list[bytes]:
-    """Every frame as PNG bytes, with a progress bar."""
-    fig = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
-    return [frame_png(movie, k, fig) for k in tqdm(range(len(movie.frames)), desc="frames", disable=not progress)]
+def jshtml(movie: Movie, fps: float = FPS, dpi: int = DPI) -> str:
+    """``to_jshtml()``'s player, every frame a PNG inside it, its icons drawn without the internet: a page's
+    body, or a notebook output that plays without a kernel (``IPython.display.HTML(jshtml(movie))``)."""
+    player = re.sub(r"<link[^>]*font-awesome[^>]*>", "", animation(movie, fps, dpi).to_jshtml(fps=fps))
+    return f"<style>\n{OFFLINE_CSS}\n</style>\n{player}"
 
 
-def html_page(movie: Movie, pngs: list[bytes], fps: float = FPS) -> str:
-    """A self-contained page (frames as data: URIs, no external files): play/pause, step slider, keys."""
-    srcs = [f"data:image/png;base64,{base64.b64encode(p).decode()}" for p in pngs]
-    captions = [f.caption for f in movie.frames]
-    return _PAGE.format(
-        title=html.escape(movie.title),
-        first=srcs[0],
-        last=len(srcs) - 1,
-        last_plus=len(srcs),
-        caption=html.escape(captions[0]),
-        frames=json.dumps(srcs),
-        captions=json.dumps(captions),
-        delay=int(1000 / fps),
+def render(movie: Movie, path: str | Path, fps: float = FPS, dpi: int = DPI) -> Path:
+    """Write ``movie`` as an animated GIF (``.gif``, ``PillowWriter``) or a self-contained page (``.html``)."""
+    path = _checked(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gif":
+        animation(movie, fps, dpi).save(path, writer=PillowWriter(fps=fps), dpi=dpi)
+        return path
+    captions = "".join(f"<li>{html.escape(f.caption)}</li>\n" for f in movie.frames)
+    path.write_text(
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(movie.title)}</title>'
+        f"</head>\n<body>\n{jshtml(movie, fps, dpi)}\n<details><summary>captions</summary><ol>\n{captions}</ol>"
+        "</details>\n</body></html>\n",
+        encoding="utf-8",
     )
+    return path
 
 
 def _checked(path: str | Path) -> Path:
@@ -323,37 +355,14 @@ def _checked(path: str | Path) -> Path:
     return path
 
 
-def render(movie: Movie, path: str | Path, fps: float = FPS, progress: bool = True) -> Path:
-    """Write ``movie`` as an animated GIF (``.gif``) or a self-contained HTML page (``.html``)."""
-    path = _checked(path)
-    if not movie.frames:
-        raise ValueError("the movie has no frames: run more engine steps")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".html":
-        path.write_text(html_page(movie, frame_pngs(movie, progress), fps), encoding="utf-8")
-        return path
-    from matplotlib.animation import PillowWriter
-
-    fig = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
-    writer = PillowWriter(fps=fps)
-    with writer.saving(fig, str(path), DPI):
-        for k in tqdm(range(len(movie.frames)), desc="frames", disable=not progress):
-            draw_frame(movie, k, fig)
-            writer.grab_frame()
-    return path
-
-
 def player(movie: Movie):
     """A notebook player: Play button and step slider over the frames (each drawn once, when first shown)."""
     import ipywidgets as w
 
-    fig = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
-    cache: dict[int, bytes] = {}
+    fig, cache = new_frame(), {}
 
     def png(k: int) -> bytes:
-        if k not in cache:
-            cache[k] = frame_png(movie, k, fig)
-        return cache[k]
+        return cache[k] if k in cache else cache.setdefault(k, frame_png(movie, k, fig))
 
     last = len(movie.frames) - 1
     play = w.Play(min=0, max=last, interval=int(1000 / FPS), description="play")
@@ -364,80 +373,14 @@ def player(movie: Movie):
     return w.VBox([w.HBox([play, slider]), image])
 
 
-def inline_html(movie: Movie, fps: float = FPS, height: int = 900):
-    """The :func:`html_page` player in an iframe, as a notebook output that plays without a kernel.
-
-    All frames are drawn now and stored in the notebook (about 150 kB a frame): trim long movies
-    with :meth:`Movie.head` first. :func:`player` draws lazily but needs a running kernel.
-    """
-    from IPython.display import HTML
-
-    page = html.escape(html_page(movie, frame_pngs(movie), fps))
-    return HTML(
-        f'<div><iframe srcdoc="{page}" title="{html.escape(movie.title)}" '
-        f'style="width: 100%; max-width: {WIDTH + 20}px; height: {height}px; border: 0"></iframe></div>'
-    )
-
-
-def main(which: str, out: str | Path, fps: float = FPS, max_frames: int | None = None) -> Path:
-    """``python -m minipaged animate {prefix,engine} --out FILE``: run the scenario and write the animation."""
+def main(which: str, out: str | Path, fps: float = FPS, max_frames: int | None = None, dpi: int = DPI) -> Path:
+    """``python -m minipaged animate {prefix,engine} --out FILE`` (which checks ``fps``, ``max_frames``
+    and ``dpi``): run the scenario and write the animation."""
     if which not in SCENARIOS:
         raise ValueError(f"unknown animation {which!r}: choose one of {', '.join(SCENARIOS)}")
-    if max_frames is not None and max_frames < 1:
-        raise ValueError(f"max_frames must be at least 1, got {max_frames}")
-    if fps <= 0:
-        raise ValueError(f"fps must be positive, got {fps}")
     _checked(out)  # before the run, not after it
-    movie = run_scenario(SCENARIOS[which], max_steps=max_frames or 200)  # one frame per step
-    path = render(movie, out, fps=fps)
-    print(f"wrote {path} ({len(movie.frames)} frames, {WIDTH}x{HEIGHT} px, {fps} frames per second)")
+    movie = run_scenario(which, max_steps=max_frames or 200)  # one frame per step
+    path = render(movie, out, fps=fps, dpi=dpi)
+    size = f"{WIDTH * dpi // DPI}x{HEIGHT * dpi // DPI} px"
+    print(f"wrote {path} ({len(movie.frames)} frames, {size}, {fps} frames per second)")
     return path
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body {{ font-family: sans-serif; margin: 12px; }}
-img {{ max-width: 100%; height: auto; border: 1px solid #ccc; }}
-.controls {{ display: flex; gap: 10px; align-items: center; font-size: 16px; margin: 6px 0; }}
-input[type=range] {{ flex: 1; max-width: 700px; }}
-button {{ font-size: 16px; padding: 4px 14px; }}
-</style></head>
-<body>
-<div class="controls">
-  <button id="prev" title="previous step (left arrow)">&#9664;</button>
-  <button id="play" title="play / pause (space)">play</button>
-  <button id="next" title="next step (right arrow)">&#9654;</button>
-  <input id="slider" type="range" min="0" max="{last}" value="0">
-  <span id="pos">1 / {last_plus}</span>
-</div>
-<img id="frame" src="{first}" alt="{caption}" width="1280" height="800">
-<p id="caption">{caption}</p>
-<script>
-const frames = {frames};
-const captions = {captions};
-let k = 0, timer = null;
-const img = document.getElementById("frame"), slider = document.getElementById("slider");
-function show(i) {{
-  k = (i + frames.length) % frames.length;
-  img.src = frames[k]; img.alt = captions[k]; slider.value = k;
-  document.getElementById("caption").textContent = captions[k];
-  document.getElementById("pos").textContent = (k + 1) + " / " + frames.length;
-}}
-function toggle() {{
-  const b = document.getElementById("play");
-  if (timer) {{ clearInterval(timer); timer = null; b.textContent = "play"; }}
-  else {{ timer = setInterval(() => show(k + 1), {delay}); b.textContent = "pause"; }}
-}}
-document.getElementById("play").onclick = toggle;
-document.getElementById("prev").onclick = () => show(k - 1);
-document.getElementById("next").onclick = () => show(k + 1);
-slider.oninput = () => show(parseInt(slider.value));
-document.addEventListener("keydown", e => {{
-  if (e.key === " ") {{ e.preventDefault(); toggle(); }}
-  if (e.key === "ArrowLeft") show(k - 1);
-  if (e.key === "ArrowRight") show(k + 1);
-}});
-</script>
-</body></html>
-"""

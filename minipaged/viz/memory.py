@@ -1,15 +1,13 @@
 """Pictures of contiguous KV memory (stage 0) and of its waste, next to paged memory (stages 1-2).
 
-Every function takes plain state and returns a ``matplotlib.figure.Figure``; none of them shows
-it. :func:`draw_memory_map` draws a :class:`MemoryMap` (build one from an arena or a cache with
-:meth:`MemoryMap.from_arena` / :meth:`MemoryMap.from_cache`). Patches carry a ``gid``
-(``"used"``, ``"empty"``, ``"hole"``) so tests can count them.
+:func:`draw_memory_map` draws a :class:`MemoryMap` (from an arena or a contiguous cache),
+:func:`draw_waste` each owner's share of empty slots, :func:`draw_fragmentation` a replay of memory
+systems side by side. Patches carry a ``gid`` (``"used"``, ``"empty"``, ``"hole"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -17,45 +15,11 @@ from matplotlib.patches import Patch, Rectangle
 
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
 from minipaged.viz.palette import EMPTY_HATCH, FREE, WASTE, owner_inks, series_color
-from minipaged.viz.style import FONT_SIZE, SMALL, new_figure
-
-
-@dataclass
-class MemoryMap:
-    """Stage 0's slot address space: ``reservations`` maps an owner to ``(start, size)``, in
-    address order; the first ``used[owner]`` slots of a reservation hold tokens."""
-
-    num_slots: int
-    reservations: dict[Hashable, tuple[int, int]]
-    used: dict[Hashable, int]
-
-    @classmethod
-    def from_arena(cls, arena: FirstFitArena, used: Mapping[Hashable, int] | None = None) -> MemoryMap:
-        return cls(arena.num_slots, arena.reservations(), dict(used or {}))
-
-    @classmethod
-    def from_cache(cls, cache: ContiguousKVCache) -> MemoryMap:
-        """A contiguous KV cache's arena, its ``num_tokens`` as the slots used."""
-        return cls.from_arena(cache.arena, cache.num_tokens)
-
-    def tokens(self, owner: Hashable) -> int:
-        """Slots of ``owner``'s reservation that hold tokens."""
-        return max(0, min(int(self.used.get(owner, 0)), self.reservations[owner][1]))
-
-    def holes(self) -> list[tuple[int, int]]:
-        """(start, size) of every free range, in address order."""
-        holes, cursor = [], 0
-        for start, size in sorted(self.reservations.values()):
-            if start > cursor:
-                holes.append((cursor, start - cursor))
-            cursor = max(cursor, start + size)
-        if cursor < self.num_slots:
-            holes.append((cursor, self.num_slots - cursor))
-        return holes
+from minipaged.viz.style import FONT_SIZE, SMALL, box, new_figure
 
 
 def draw_memory_map(
-    memory: MemoryMap | FirstFitArena | ContiguousKVCache,
+    memory: FirstFitArena | ContiguousKVCache,
     num_slots: int | None = None,
     used: Mapping[Hashable, int] | None = None,
     title: str | None = None,
@@ -64,124 +28,64 @@ def draw_memory_map(
 ) -> Figure:
     """The slot address space as one bar: each reservation in its owner's colour, holes in grey.
 
-    ``memory``: a :class:`MemoryMap`; an arena (with ``used``) or a contiguous cache is turned into
-    one by :meth:`MemoryMap.from_arena` / :meth:`MemoryMap.from_cache`. ``num_slots`` overrides the
-    length of the bar. A reservation's first ``used[owner]`` slots hold tokens (solid); the rest is
-    reserved but empty (hatched: internal waste). Holes between reservations are free (light
-    grey); when many small holes add up to more than the largest one, that is external
-    fragmentation. Owners are written on reservations wide enough (``label_min_frac`` of the bar).
+    ``memory``: stage 0's arena (``used``: owner -> slots holding tokens) or a contiguous cache (its
+    arena and ``num_tokens``); ``num_slots`` overrides the length of the bar. A reservation's first
+    ``used[owner]`` slots hold tokens (solid), the rest is reserved but empty (hatched: internal
+    waste). Holes are free (grey); many small holes adding up to more than the largest one are
+    external fragmentation. Owners are written on reservations at least ``label_min_frac`` wide.
     """
     if isinstance(memory, ContiguousKVCache):
-        memory = MemoryMap.from_cache(memory)
-    elif isinstance(memory, FirstFitArena):
-        memory = MemoryMap.from_arena(memory, used)
+        memory, used = memory.arena, memory.num_tokens
+    reservations, holes = memory.reservations(), memory.holes()
+    tokens = {o: max(0, min(int((used or {}).get(o, 0)), size)) for o, (_, size) in reservations.items()}
     total = memory.num_slots if num_slots is None else num_slots
     if total < 1:
         raise ValueError("nothing to draw: the map has no slots")
     fig, ax = new_figure(width, 2.8)
-    inks = owner_inks(memory.reservations)
-    for owner, (start, size) in memory.reservations.items():
-        n_used, ink = memory.tokens(owner), inks[owner]
-        if n_used:
-            ax.add_patch(
-                Rectangle(
-                    (start, 0), n_used, 1, facecolor=ink.color, hatch=ink.hatch, edgecolor="black", lw=0.8, gid="used"
-                )
-            )
-        if size > n_used:
-            ax.add_patch(
-                Rectangle(
-                    (start + n_used, 0),
-                    size - n_used,
-                    1,
-                    facecolor="white",
-                    edgecolor=ink.color,
-                    hatch=EMPTY_HATCH,
-                    lw=0.8,
-                    gid="empty",
-                )
-            )
-        ax.add_patch(Rectangle((start, 0), size, 1, fill=False, edgecolor="black", lw=1.5))
+    inks = owner_inks(reservations)
+    for owner, (start, size) in reservations.items():
+        full = tokens[owner] / max(size, 1)  # solid; the rest hatched in the owner's colour: reserved, empty
+        box(ax, (start, 0, size, 1), inks[owner], full, ec="black", lw=1.5, hatch=EMPTY_HATCH)
         if size >= label_min_frac * total:
             ax.text(start + size / 2, 1.12, str(owner), ha="center", va="bottom", fontsize=FONT_SIZE - 2)
-    holes = memory.holes()
     for start, size in holes:
-        ax.add_patch(Rectangle((start, 0), size, 1, facecolor=FREE, edgecolor=WASTE, lw=0.8, gid="hole"))
-    ax.set_xlim(0, total)
-    ax.set_ylim(0, 1.6)
-    ax.set_yticks([])
+        ax.add_patch(Rectangle((start, 0), size, 1, fc=FREE, ec=WASTE, lw=0.8, gid="hole"))
+    ax.set(xlim=(0, total), ylim=(0, 1.6), yticks=[], xlabel="slot address")
     ax.spines["left"].set_visible(False)
-    ax.set_xlabel("slot address")
-    reserved = sum(size for _, size in memory.reservations.values())
-    n_used = sum(memory.tokens(o) for o in memory.reservations)
-    largest = max((size for _, size in holes), default=0)
-    summary = (
-        f"{len(memory.reservations)} reservations, {n_used}/{reserved} reserved slots hold tokens; "
-        f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {largest})"
-    )
+    reserved, largest = sum(size for _, size in reservations.values()), max((size for _, size in holes), default=0)
+    summary = f"{len(reservations)} reservations, {sum(tokens.values())}/{reserved} reserved slots hold tokens; "
+    summary += f"{sum(size for _, size in holes)} free in {len(holes)} holes (largest {largest})"
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
-    ax.legend(
-        handles=[
-            Patch(facecolor="#777777", edgecolor="black", label="holds tokens (owner's colour)"),
-            Patch(facecolor="white", edgecolor="#777777", hatch=EMPTY_HATCH, label="reserved, empty"),
-            Patch(facecolor=FREE, edgecolor=WASTE, label="free hole"),
-        ],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.45),
-        ncols=3,
-        frameon=False,
-    )
+    handles = [Patch(fc="#777777", ec="black", label="holds tokens (owner's colour)")]
+    handles += [Patch(fc="white", ec="#777777", hatch=EMPTY_HATCH, label="reserved, empty")]
+    handles += [Patch(fc=FREE, ec=WASTE, label="free hole")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=3, frameon=False)
     return fig
 
 
 def draw_waste(
-    reserved: Mapping[Hashable, int],
-    used: Mapping[Hashable, int],
-    title: str | None = None,
-    unit: str = "slots",
+    reserved: Mapping[Hashable, int], used: Mapping[Hashable, int], title: str | None = None, unit: str = "slots"
 ) -> Figure:
     """One bar per owner: the slots it holds tokens in (solid) and the rest of its memory (hatched).
 
-    ``reserved[owner]`` is what the owner was given (a ``max_seq_len`` reservation, or
-    ``len(blocks) * block_size`` for a paged sequence), ``used[owner]`` its tokens. The title
-    gives the total waste in percent.
+    ``reserved[owner]``: what it was given (a ``max_seq_len`` reservation, or ``len(blocks) *
+    block_size`` for a paged sequence); ``used[owner]``: its tokens. The title gives the total waste.
     """
     owners = list(reserved)
     if not owners:
         raise ValueError("nothing to draw: no owners")
     fig, ax = new_figure(10, 0.55 * len(owners) + 1.8)
     inks = owner_inks(owners)
+    fills = {o: max(0, min(int(used.get(o, 0)), int(reserved[o]))) for o in owners}
     for row, owner in enumerate(owners):
-        size, n_used = int(reserved[owner]), max(0, min(int(used.get(owner, 0)), int(reserved[owner])))
-        y, ink = len(owners) - 1 - row, inks[owner]
-        ax.add_patch(
-            Rectangle(
-                (0, y - 0.35), n_used, 0.7, facecolor=ink.color, hatch=ink.hatch, edgecolor="black", lw=0.8, gid="used"
-            )
-        )
-        if size > n_used:
-            ax.add_patch(
-                Rectangle(
-                    (n_used, y - 0.35),
-                    size - n_used,
-                    0.7,
-                    facecolor="white",
-                    edgecolor=ink.color,
-                    hatch=EMPTY_HATCH,
-                    lw=0.8,
-                    gid="empty",
-                )
-            )
-        pct = 0.0 if size == 0 else 100 * (1 - n_used / size)
-        ax.text(size, y, f" {pct:.0f}% empty", va="center", fontsize=FONT_SIZE - 2)
+        size, y = int(reserved[owner]), len(owners) - 1 - row
+        full = fills[owner] / size if size else 1.0
+        box(ax, (0, y - 0.35, size, 0.7), inks[owner], full, ec="black", hatch=EMPTY_HATCH)
+        ax.text(size, y, f" {100 * (1 - full):.0f}% empty", va="center", fontsize=FONT_SIZE - 2)
     ax.set_yticks(range(len(owners)), [str(o) for o in reversed(owners)])
-    ax.set_ylim(-0.7, len(owners) - 0.3)
-    ax.set_xlim(0, max(int(v) for v in reserved.values()) * 1.2 or 1)
-    ax.set_xlabel(unit)
-    total = sum(int(v) for v in reserved.values())
-    total_used = sum(max(0, min(int(used.get(o, 0)), int(reserved[o]))) for o in owners)
-    waste = 0.0 if total == 0 else 100 * (1 - total_used / total)
-    summary = f"{total_used}/{total} {unit} hold tokens: {waste:.1f}% wasted"
+    ax.set(ylim=(-0.7, len(owners) - 0.3), xlim=(0, max(int(v) for v in reserved.values()) * 1.2 or 1), xlabel=unit)
+    total, total_used = sum(int(v) for v in reserved.values()), sum(fills.values())
+    summary = f"{total_used}/{total} {unit} hold tokens: {100 * (1 - total_used / total) if total else 0:.1f}% wasted"
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
     return fig
 
@@ -192,14 +96,12 @@ LINESTYLES = {"paged": "--", "contiguous, max_seq_len": "-", "contiguous, exact"
 def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str | None = None) -> Figure:
     """Memory systems side by side over one replay: memory holding tokens, external fragmentation, admissions.
 
-    ``result`` is the output of :func:`minipaged.sim.simulate_contiguous_vs_paged`, or any dict of
-    ``{label: series}`` with such series (e.g. two contiguous runs with different reservations);
-    ``"time"``, ``"totals"`` and ``"reserve"`` are not series. Each system keeps its colour in
-    every figure (:func:`~minipaged.viz.palette.series_color`): a bare ``"contiguous"`` is a
-    ``max_seq_len`` reservation unless ``result["reserve"]`` is ``"exact"``. Top: slots holding
-    tokens (thick) and allocated (dotted) per system, in percent of ``num_slots`` when given; the
-    gap between one system's two lines is its internal waste. Middle: the share of free memory
-    outside the largest hole (paged is 0 by construction). Bottom: requests admitted so far.
+    ``result``: :func:`minipaged.sim.simulate_contiguous_vs_paged`'s output, or any ``{label: series}``
+    with such series (``"time"``, ``"totals"``, ``"reserve"`` are not series). Each system keeps its
+    colour (:func:`~minipaged.viz.palette.series_color`; a bare ``"contiguous"`` reserves
+    ``max_seq_len`` unless ``result["reserve"]`` is ``"exact"``). Top: slots holding tokens (thick)
+    and allocated (dotted), in percent of ``num_slots`` when given: the gap is internal waste.
+    Middle: the share of free memory outside the largest hole. Bottom: requests admitted so far.
     """
     systems = {k: v for k, v in result.items() if k not in ("time", "totals", "reserve")}
     if not systems:
@@ -209,23 +111,18 @@ def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str
     handles = []
     for name, series in systems.items():
         label = f"{name}, {result['reserve']}" if name == "contiguous" and "reserve" in result else name
-        color, ls = series_color(label), LINESTYLES.get(label, LINESTYLES.get(name, "-"))
+        style = dict(color=series_color(label), linestyle=LINESTYLES.get(label, LINESTYLES.get(name, "-")))
         x = range(len(series["admitted"]))  # each replay runs until its own last request is done
-        axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, color=color, linestyle=ls)
-        axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, color=color, linestyle=":")
-        axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, color=color, linestyle=ls)
-        axes[2].plot(x, series["admitted"], lw=2.2, label=label, color=color, linestyle=ls)
-        handles.append(Line2D([], [], color=color, linestyle=ls, lw=2.5, label=label))
-    handles += [
-        Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"),
-        Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated"),
-    ]
-    axes[0].set_ylabel("% of KV memory" if num_slots else "slots")
-    axes[0].set_ylim(bottom=0)
-    axes[1].set_ylabel("external\nfragmentation %")
-    axes[1].set_ylim(-3, 103)
-    axes[2].set_ylabel("requests\nadmitted")
-    axes[2].set_xlabel("step")
+        axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, **style)
+        axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, color=style["color"], linestyle=":")
+        axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, **style)
+        axes[2].plot(x, series["admitted"], lw=2.2, label=label, **style)
+        handles.append(Line2D([], [], lw=2.5, label=label, **style))
+    handles.append(Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"))
+    handles.append(Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated"))
+    axes[0].set(ylabel="% of KV memory" if num_slots else "slots", ylim=(0, None))
+    axes[1].set(ylabel="external\nfragmentation %", ylim=(-3, 103))
+    axes[2].set(ylabel="requests\nadmitted", xlabel="step")
     fig.legend(handles=handles, loc="outside right upper", frameon=False, fontsize=SMALL + 2)
     axes[0].set_title(title or "The same trace, the same memory", loc="left")
     return fig

@@ -1,100 +1,204 @@
-"""Pictures of paged KV memory: the block pool (stage 1) and block tables (stage 2).
+"""Pictures of paged KV memory: the block pool (stage 1) and block tables (stage 2), and the pieces
+every picture of a pool is made of, so that a block looks the same in all of them.
 
-:func:`draw_pool` draws a :class:`PoolState` (build one from a ``BlockPool``, a ``StepSnapshot``
-or a list of ref counts with its ``from_*`` constructors); :func:`draw_block_tables` draws
-sequences' tables. Both return a ``Figure`` without showing it. Patches carry a ``gid``
-(``"block"``, ``"logical"``, ``"slot"``, ``"table"``, ``"physical"``, ``"arrow"``) so tests can
-count them.
+:class:`PoolState` is a pool in plain form; :func:`pool_grid` draws its blocks as a grid, coloured
+by owner (shared: outlined in vermillion, ``×ref_cnt``; free: grey; free but still holding a cached
+prefix: pale blue, dotted); :func:`table_rows` draws one row of blocks per sequence, the coloured
+part of a block holding tokens; :func:`pool_legend` says what those looks mean. :func:`draw_pool`
+and :func:`draw_block_tables` (logical blocks -> block table -> physical blocks) are the stage 1-2
+pictures. Patches carry a ``gid`` (``"block"``, ``"table_cell"``, ``"logical"``, ``"physical"``...).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+from matplotlib.patches import FancyArrowPatch, Patch
 
 from minipaged.kv.block_pool import BlockPool
-from minipaged.utils import cdiv
-from minipaged.viz.palette import (
-    CACHED,
-    CACHED_HATCH,
-    FREE,
-    IN_USE,
-    MUTED,
-    SHARED,
-    Ink,
-    natural_order,
-    owner_inks,
-    text_color,
-)
-from minipaged.viz.style import FONT_SIZE, SMALL, new_figure
+from minipaged.viz.palette import CACHED, CACHED_HATCH, FREE, IN_USE, MUTED, SHARED, Ink, natural_order, owner_inks
+from minipaged.viz.style import EDGE, FONT_SIZE, HALO, SMALL, box, new_figure
 
 LEGEND_MAX = 16  # owners listed in a legend; more are summed up in one line
-LEGEND_COLS = 8
+COMPRESS_AT, RUN_MIN, RUN_W = 12, 3, 3.0  # tables longer than 12 draw a run of >= 3 shared blocks as one cell
+Labels = Mapping[Hashable, str] | Sequence[str] | None
 
 
 def owners_from_tables(block_tables: Mapping[Hashable, Sequence[int]]) -> dict[int, list[Hashable]]:
-    """block id -> the owners whose tables hold it (several for a shared block), in table order.
-
-    ``block_tables`` maps an owner to its block ids (a list, or a ``BlockTable``).
-    """
+    """block id -> the owners whose tables (lists of block ids, or ``BlockTable``s) hold it, in table order."""
     owners: dict[int, list[Hashable]] = {}
     for owner, table in block_tables.items():
-        for block_id in getattr(table, "block_ids", table):
-            if owner not in owners.setdefault(int(block_id), []):
-                owners[int(block_id)].append(owner)
+        for b in getattr(table, "block_ids", table):
+            if owner not in owners.setdefault(int(b), []):
+                owners[int(b)].append(owner)
     return owners
 
 
 @dataclass
 class PoolState:
-    """A block pool in plain form: per block ``ref_cnt`` (and ``cached``), the free queue's order
-    (``free_order[0]`` is handed out next; ``None`` if unknown), and block id -> its owners."""
+    """A block pool in plain form: per block ``ref_cnt`` and ``cached``, the free queue's order
+    (``free_order[0]`` is handed out next; None: unknown), block id -> its ``owners`` (an owner, or a
+    list for a shared block) and, when built from block tables, ``tables`` (owner -> block ids) and
+    ``num_tokens`` (-1: unknown)."""
 
     ref_cnt: list[int]
     cached: list[bool] = field(default_factory=list)
     free_order: list[int] | None = None
     owners: dict[int, list[Hashable]] = field(default_factory=dict)
+    tables: dict[Hashable, list[int]] = field(default_factory=dict)
+    num_tokens: dict[Hashable, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.owners = {int(b): list(o) if isinstance(o, (list, tuple)) else [o] for b, o in self.owners.items()}
 
     @classmethod
     def from_pool(cls, pool: BlockPool, owners: Mapping | None = None) -> PoolState:
-        return cls(
-            [b.ref_cnt for b in pool.blocks],
-            [b.block_hash is not None for b in pool.blocks],
-            [b.block_id for b in pool.free_queue],
-            _owner_lists(owners),
-        )
+        """From a ``BlockPool`` (its ``ref_cnt``, cached hashes and free queue) and ``owners``."""
+        cached = [b.block_hash is not None for b in pool.blocks]
+        return cls([b.ref_cnt for b in pool.blocks], cached, [b.block_id for b in pool.free_queue], dict(owners or {}))
 
     @classmethod
-    def from_snapshot(cls, snapshot) -> PoolState:
-        """From an engine ``StepSnapshot``: its ``ref_cnt``, ``cached`` and block tables (the owners)."""
-        return cls(list(snapshot.ref_cnt), list(snapshot.cached or []), None, owners_from_tables(snapshot.block_tables))
-
-    @classmethod
-    def from_ref_cnt(
-        cls, ref_cnt: Sequence[int], owners: Mapping | None = None, free_order: Sequence[int] | None = None
+    def from_tables(
+        cls, tables: Mapping, num_tokens: Mapping | None = None, ref_cnt=None, cached=None, labels: Labels = None
     ) -> PoolState:
-        return cls(
-            [int(r) for r in ref_cnt], [], None if free_order is None else list(free_order), _owner_lists(owners)
-        )
+        """From ``key -> block ids``, and optionally ``key -> tokens``, per-block ``ref_cnt`` (default:
+        how many tables hold the block) and ``cached``. ``labels`` names the owners: key -> label, or
+        labels in key order (default: a string key is its own label, an int key ``k`` is ``seq k``)."""
+        keys = list(tables)
+        if labels is not None and not isinstance(labels, Mapping) and len(labels) < len(keys):
+            raise ValueError(f"{len(labels)} labels for {len(keys)} block tables")
+        named = labels if isinstance(labels, Mapping) or labels is None else dict(zip(keys, labels))
+        names = [str((named or {}).get(k, k if isinstance(k, str) else f"seq {k}")) for k in keys]
+        if len(set(names)) != len(names):
+            raise ValueError(f"labels must be distinct, got {names}")
+        ids = {n: [int(b) for b in getattr(tables[k], "block_ids", tables[k])] for n, k in zip(names, keys)}
+        given = num_tokens or {}
+        tokens = {n: -1 if given.get(k) is None else int(given[k]) for n, k in zip(names, keys)}
+        owners = owners_from_tables(ids)
+        highest = max(owners, default=-1)
+        ref_cnt = [int(r) for r in ref_cnt] if ref_cnt else [len(owners.get(b, [])) for b in range(highest + 1)]
+        if highest >= len(ref_cnt):
+            raise ValueError(f"block {highest} is outside the {len(ref_cnt)} blocks of ref_cnt")
+        cached = ([bool(c) for c in cached or []] + [False] * len(ref_cnt))[: len(ref_cnt)]
+        return cls(ref_cnt, cached, None, owners, ids, tokens)
+
+    @classmethod
+    def from_snapshot(cls, snapshot, labels: Labels = None) -> PoolState:
+        """From an engine ``StepSnapshot``: its block tables, token counts, ``ref_cnt`` and ``cached``."""
+        return cls.from_tables(snapshot.block_tables, snapshot.num_tokens, snapshot.ref_cnt, snapshot.cached, labels)
+
+    def is_cached(self, b: int) -> bool:
+        """Free, but still holding a cached prefix."""
+        return self.ref_cnt[b] == 0 and b < len(self.cached) and self.cached[b]
+
+    def shared_blocks(self) -> set[int]:
+        """Blocks with ``ref_cnt > 1`` or more than one owner."""
+        return {b for b, o in self.owners.items() if len(o) > 1} | {b for b, r in enumerate(self.ref_cnt) if r > 1}
+
+    def block_fill(self, block_size: int) -> dict[int, float]:
+        """Block -> the share of its slots that hold tokens (its fullest holder's view; unknown: full)."""
+        out: dict[int, float] = {}
+        for owner, table in self.tables.items():
+            for j, b in enumerate(table):
+                out[b] = max(out.get(b, 0.0), _fill(self.num_tokens.get(owner, -1), j, block_size))
+        return out
 
 
-def _owner_lists(owners: Mapping | None) -> dict[int, list[Hashable]]:
-    """block id -> owner, or -> a list of owners (a shared block), as block id -> list."""
-    return {int(b): (list(o) if isinstance(o, (list, tuple)) else [o]) for b, o in (owners or {}).items()}
+def _fill(num_tokens: int, j: int, block_size: int) -> float:
+    """The share of logical block ``j`` of a sequence of ``num_tokens`` tokens that holds tokens (-1: full)."""
+    return 1.0 if num_tokens < 0 else min(block_size, max(0, num_tokens - j * block_size)) / block_size
 
 
-def _owner_legend(inks: Mapping[Hashable, Ink]) -> list[Patch]:
+def pool_grid(
+    ax, pool: PoolState, inks: Mapping, ncols: int, *, top=0.0, x0=0.0, fill=None, tags=None, label=str, size=SMALL + 1
+) -> dict[int, tuple[float, float]]:
+    """Every block of ``pool`` as a unit cell, block 0 at (``x0``, ``top - 1``), rows going down.
+
+    A cell has its block id in the corner; in the middle, its ``tags`` entry (e.g. ``"evicted"``),
+    or its owners' names (``label`` turns an owner into text; None: ``×ref_cnt`` of a shared block);
+    in the other corner ``×ref_cnt`` when shared, or ``qN``, its place in the free queue, when free.
+    Its colour is its first owner's (``inks``), its filled share ``fill[b]`` (default: full).
+    Returns block -> (x, y) of its cell.
+    """
+    queue, xy = {b: i for i, b in enumerate(pool.free_order or [])}, {}
+    for b, rc in enumerate(pool.ref_cnt):
+        x, y = xy[b] = x0 + b % ncols, top - 1 - b // ncols
+        who = pool.owners.get(b, []) if rc else []
+        ink = inks[who[0]] if who else Ink(IN_USE) if rc else Ink(FREE)
+        ink = Ink(CACHED, CACHED_HATCH) if pool.is_cached(b) else ink
+        edge = dict(ec=SHARED, lw=3.5) if rc > 1 else dict(ec=EDGE, lw=1)
+        box(ax, (x + 0.05, y + 0.05, 0.9, 0.9), ink, (fill or {}).get(b, 1.0), gid="block", **edge)
+        shared = f"×{rc}" if rc > 1 else ""
+        names = ",".join(map(label, who)) if label else shared
+        middle = (tags or {}).get(b) or (names[:5] + "…" if len(names) > 6 else names)
+        corner = shared if middle != shared else f"q{queue[b]}" if rc == 0 and b in queue else ""
+        text = dict(path_effects=HALO, color="black" if rc else MUTED, weight="bold")
+        ax.text(x + 0.5, y + 0.45, middle, ha="center", va="center", fontsize=size + 2 * (len(middle) <= 3), **text)
+        ax.text(x + 0.1, y + 0.88, str(b), ha="left", va="top", fontsize=size - 1, **{**text, "weight": "normal"})
+        ax.text(x + 0.9, y + 0.1, corner, ha="right", va="bottom", fontsize=size - 1, **text)
+    return xy
+
+
+def _segments(table: Sequence[int], shared: set[int], compress: bool) -> list[tuple[float, float, int, list[int]]]:
+    """(x, width, first logical index, block ids) per cell of a table; a run of shared blocks may be one wide cell."""
+    out, x, j = [], 0.0, 0
+    while j < len(table):
+        k = j
+        while compress and k < len(table) and table[k] in shared:
+            k += 1
+        k = k if k - j >= RUN_MIN else j + 1
+        out.append((x, RUN_W if k - j > 1 else 1.0, j, list(table[j:k])))
+        x, j = x + out[-1][1], k
+    return out
+
+
+def table_width(tables: Mapping[Hashable, Sequence[int]], shared: set[int]) -> float:
+    """How wide :func:`table_rows` draws the longest of ``tables`` (in cells)."""
+    compress = max(map(len, tables.values()), default=0) > COMPRESS_AT
+    return max((sum(s[1] for s in _segments(t, shared, compress)) for t in tables.values()), default=0.0)
+
+
+def table_rows(ax, pool: PoolState, block_size: int, inks: Mapping, *, top=0.0, label=str, notes=None, size=SMALL + 1):
+    """One row of unit cells per table of ``pool``, going down from ``top``: the owner's name, then its blocks.
+
+    A cell shows a physical block id; its coloured part holds tokens. A shared block is outlined
+    in vermillion. When a table is longer than ``COMPRESS_AT``, each run of ``RUN_MIN`` or more
+    shared blocks is one wide cell (``"table_run"``). ``notes[owner]`` is written after the row.
+    """
+    shared = pool.shared_blocks()
+    compress = max(map(len, pool.tables.values()), default=0) > COMPRESS_AT
+    for i, (owner, table) in enumerate(pool.tables.items()):
+        y, end = top - 1 - i, 0.0
+        ax.text(-0.25, y + 0.5, label(owner), ha="right", va="center", fontsize=size + 1, weight="bold")
+        for x, w, j, ids in _segments(table, shared, compress):
+            fill, text, gid = _fill(pool.num_tokens.get(owner, -1), j, block_size), str(ids[0]), "table_cell"
+            if len(ids) > 1:
+                consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
+                fill, text, gid = 1.0, f"{ids[0]}–{ids[-1]}" if consecutive else f"{len(ids)} blocks", "table_run"
+            edge, end = dict(ec=SHARED, lw=3.5) if ids[0] in shared else dict(ec=EDGE, lw=1.3), x + w
+            box(ax, (x + 0.07, y + 0.07, w - 0.14, 0.86), inks[owner], fill, text=text, gid=gid, fontsize=size, **edge)
+        if notes and notes.get(owner):
+            ax.text(end + 0.2, y + 0.5, notes[owner], ha="left", va="center", fontsize=size - 1, color=MUTED)
+
+
+def pool_legend(inks: Mapping[Hashable, Ink], pool: PoolState | None = None, queue: bool = False) -> list[Patch]:
+    """Legend entries: the owners (up to ``LEGEND_MAX``), then what the ``pool``'s other looks mean."""
     names = list(inks)
-    handles = [
-        Patch(facecolor=inks[o].color, hatch=inks[o].hatch, edgecolor="#444444", label=str(o))
-        for o in names[:LEGEND_MAX]
-    ]
+    handles = [Patch(fc=inks[o].color, hatch=inks[o].hatch, ec=EDGE, label=str(o)) for o in names[:LEGEND_MAX]]
     if len(names) > LEGEND_MAX:
-        handles.append(Patch(facecolor="white", edgecolor="white", label=f"... {len(names) - LEGEND_MAX} more"))
+        handles.append(Patch(fc="white", ec="white", label=f"... {len(names) - LEGEND_MAX} more"))
+    if pool is None:
+        return handles
+    if any(r > 0 and not pool.owners.get(b) for b, r in enumerate(pool.ref_cnt)):
+        handles.append(Patch(fc=IN_USE, ec=EDGE, label="in use"))
+    handles.append(Patch(fc=FREE, ec=EDGE, label="free" + (", qN = queue" if queue else "")))
+    if any(r > 1 for r in pool.ref_cnt):
+        handles.append(Patch(fc="white", ec=SHARED, lw=3, label="shared: ×ref_cnt"))
+    if any(pool.is_cached(b) for b in range(len(pool.ref_cnt))):
+        handles.append(Patch(fc=CACHED, ec=EDGE, hatch=CACHED_HATCH, label="free, cached"))
     return handles
 
 
@@ -108,117 +212,43 @@ def draw_pool(
     show_free_order: bool = True,
     inks: Mapping[Hashable, Ink] | None = None,
 ) -> Figure:
-    """The physical pool as a grid of blocks, each coloured by its owner.
+    """The physical pool as a grid of blocks, each coloured by its owner (:func:`pool_grid`).
 
-    ``pool``: a :class:`PoolState`; a ``BlockPool`` or a list of ref counts is turned into one
-    (:meth:`PoolState.from_pool`, :meth:`PoolState.from_ref_cnt`) with ``owners`` (block id ->
-    owner, or a list of owners for a shared block, see :func:`owners_from_tables`). ``cached`` and
+    ``pool``: a :class:`PoolState`, or a ``BlockPool`` or a list of ref counts with ``owners`` (block
+    id -> owner, or a list of owners for a shared block, see :func:`owners_from_tables`). ``cached`` and
     ``free_order`` override the state's. ``inks`` (owner -> :class:`~minipaged.viz.palette.Ink`,
     e.g. from :func:`~minipaged.viz.palette.inks_over_time`) keeps colours fixed over a run;
     by default the owners drawn get distinct colours.
-
-    Each cell shows its block id (top left) and its owner(s). A shared block (``ref_cnt > 1``)
-    gets a thick vermillion outline and ``×n``; a free block is light grey, with its place in the
-    free queue (``q0`` is handed out next) when known; a free block that still holds a cached
-    prefix (stage 6) is pale blue and dotted.
     """
     if isinstance(pool, BlockPool):
         pool = PoolState.from_pool(pool, owners)
     elif not isinstance(pool, PoolState):
-        pool = PoolState.from_ref_cnt(pool, owners)
+        pool = PoolState([int(r) for r in pool], owners=dict(owners or {}))
     elif owners is not None:
-        pool = PoolState(pool.ref_cnt, pool.cached, pool.free_order, _owner_lists(owners))
+        pool = replace(pool, owners=dict(owners))
+    order = (list(free_order) if free_order is not None else pool.free_order) if show_free_order else None
+    pool = replace(pool, cached=list(cached) if cached is not None else pool.cached, free_order=order)
     num_blocks = len(pool.ref_cnt)
     if num_blocks == 0:
         raise ValueError("nothing to draw: the pool has no blocks")
-    cached = list(cached) if cached is not None else pool.cached
-    free_order = free_order if free_order is not None else pool.free_order
-    queue_pos = {b: i for i, b in enumerate(free_order)} if (free_order is not None and show_free_order) else {}
-    live = {b: o for b, o in pool.owners.items() if b < num_blocks and pool.ref_cnt[b] > 0}
-    present = natural_order(o for os in live.values() for o in os)
+    present = natural_order(o for b, os in pool.owners.items() if b < num_blocks and pool.ref_cnt[b] for o in os)
     inks = dict(inks) if inks is not None else owner_inks(present)
-    missing = [o for o in present if o not in inks]
-    if missing:
+    if missing := [o for o in present if o not in inks]:
         raise ValueError(
             f"inks has no colour for owners {missing[:5]}: build it from every frame's owners "
             "(palette.inks_over_time), or leave it out"
         )
-
     ncols = ncols or min(num_blocks, 16)
-    nrows = math.ceil(num_blocks / ncols)
-    cell = min(0.75, 12.0 / ncols)  # inches per block
-    legend_rows = cdiv(min(len(present), LEGEND_MAX + 1) + 4, LEGEND_COLS)
-    fig, ax = new_figure(max(ncols * cell + 0.4, 6.0), nrows * cell + 0.9 + 0.3 * legend_rows)
-    for block_id, rc in enumerate(pool.ref_cnt):
-        row, col = divmod(block_id, ncols)
-        x, y = col, nrows - 1 - row
-        block_owners = live.get(block_id, [])
-        is_cached = block_id < len(cached) and cached[block_id] and rc == 0
-        ink = inks[block_owners[0]] if block_owners else Ink(IN_USE if rc > 0 else (CACHED if is_cached else FREE))
-        shared = rc > 1
-        ax.add_patch(
-            Rectangle(
-                (x + 0.05, y + 0.05),
-                0.9,
-                0.9,
-                facecolor=ink.color,
-                hatch=CACHED_HATCH if is_cached else ink.hatch,
-                edgecolor=SHARED if shared else "#444444",
-                lw=4 if shared else 1,
-                gid="block",
-            )
-        )
-        ink_text = text_color(ink.color)
-        ax.text(x + 0.1, y + 0.9, str(block_id), ha="left", va="top", fontsize=SMALL, color=ink_text)
-        if block_owners:
-            name = ",".join(str(o) for o in block_owners)
-            ax.text(
-                x + 0.5,
-                y + (0.5 if not shared else 0.55),
-                name if len(name) <= 5 else name[:4] + "…",
-                ha="center",
-                va="center",
-                fontsize=FONT_SIZE - 1 if len(name) <= 3 else SMALL + 1,
-                color=ink_text,
-                fontweight="bold",
-            )
-        if shared:  # only sharing is worth a number: every block in use has ref_cnt >= 1
-            ax.text(
-                x + 0.9,
-                y + 0.1,
-                f"×{rc}",
-                ha="right",
-                va="bottom",
-                fontsize=SMALL + 1,
-                fontweight="bold",
-                color=ink_text,
-            )
-        elif rc == 0 and block_id in queue_pos:
-            ax.text(x + 0.9, y + 0.1, f"q{queue_pos[block_id]}", ha="right", va="bottom", fontsize=SMALL, color=MUTED)
-    ax.set_xlim(0, ncols)
-    ax.set_ylim(0, nrows)
-    ax.set_aspect("equal")
+    nrows, cell = math.ceil(num_blocks / ncols), min(0.75, 12.0 / ncols)  # inches per block
+    fig, ax = new_figure(max(ncols * cell + 0.4, 6.0), nrows * cell + 0.9 + 0.3 * math.ceil((len(present) + 5) / 8))
+    pool_grid(ax, pool, inks, ncols, top=nrows)
+    ax.set(xlim=(0, ncols), ylim=(0, nrows), aspect="equal")
     ax.axis("off")
     used = sum(1 for rc in pool.ref_cnt if rc > 0)
     summary = f"{num_blocks} blocks: {used} in use, {num_blocks - used} free"
     ax.set_title(f"{title}\n{summary}" if title else summary, loc="left")
-    handles = _owner_legend({o: inks[o] for o in present})
-    if any(rc > 0 and b not in live for b, rc in enumerate(pool.ref_cnt)):
-        handles.append(Patch(facecolor=IN_USE, edgecolor="#444444", label="in use"))
-    handles.append(Patch(facecolor=FREE, edgecolor="#444444", label="free" + (", qN = queue" if queue_pos else "")))
-    if any(rc > 1 for rc in pool.ref_cnt):
-        handles.append(Patch(facecolor="white", edgecolor=SHARED, lw=3, label="shared: ×ref_cnt"))
-    if any(c and rc == 0 for c, rc in zip(cached, pool.ref_cnt)):
-        handles.append(Patch(facecolor=CACHED, edgecolor="#444444", hatch=CACHED_HATCH, label="free, cached"))
-    fig.legend(
-        handles=handles,
-        loc="outside lower left",
-        ncols=LEGEND_COLS,
-        frameon=False,
-        fontsize=SMALL + 1,
-        columnspacing=1.2,
-        handlelength=1.5,
-    )
+    handles = pool_legend({o: inks[o] for o in present}, pool, queue=pool.free_order is not None)
+    fig.legend(handles=handles, loc="outside lower left", ncols=8, frameon=False, fontsize=SMALL + 1, columnspacing=1.2)
     return fig
 
 
@@ -248,7 +278,7 @@ def draw_block_tables(
     ncols: int | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Logical blocks -> block table -> physical blocks, one arrow per logical block.
+    """Logical blocks -> block table -> physical blocks, an arrow per logical block.
 
     ``tables``: name -> a :class:`~minipaged.kv.block_table.BlockTable`, a ``(block_ids,
     num_tokens)`` pair, or a list of block ids whose token count comes from ``num_tokens``
@@ -267,139 +297,58 @@ def draw_block_tables(
     ncols = ncols or max(1, math.ceil(num_blocks / max(24, logical_rows)))
     pool_rows = math.ceil(num_blocks / ncols)
     inks = owner_inks(seqs)
-    draw_slots = block_size <= 64
-
-    # Physical view: which sequences use each block and how many of its slots hold tokens.
-    users: dict[int, list[Hashable]] = {}
-    filled: dict[int, int] = {}
+    users = owners_from_tables({name: ids for name, (ids, _) in seqs.items()})
+    filled: dict[int, int] = {}  # physical block -> slots holding tokens
     for name, (ids, n) in seqs.items():
         for j, b in enumerate(ids):
             if not 0 <= b < num_blocks:
                 raise ValueError(f"{name!r} maps logical block {j} to block {b}, outside the pool of {num_blocks}")
-            users.setdefault(b, []).append(name)
             filled[b] = max(filled.get(b, 0), min(block_size, max(0, n - j * block_size)))
-
-    # Geometry (data units): logical blocks at x 0..LW, table cells at TX, pool from PX.
-    LW, TX, TW = 4.0, 5.4, 1.1
-    PX, PW, PGAP = 8.6, 2.6, 1.0
-    height = max(logical_rows, pool_rows)
-    width = PX + ncols * (PW + PGAP)
+    LW, TX, TW, PX, PW, PGAP = 4.0, 5.4, 1.1, 8.6, 2.6, 1.0  # data units: logical | table | pool columns
+    height, width = max(logical_rows, pool_rows), PX + ncols * (PW + PGAP)
     fig, ax = new_figure(max(10.0, 0.75 * width + 2.0), 0.5 * height + 1.8)
 
-    def slot_cells(x0: float, y0: float, w: float, n_filled: int, ink: Ink) -> None:
-        if draw_slots:
-            sw = w / block_size
-            for s in range(block_size):
-                face = (ink.color, ink.hatch) if s < n_filled else ("white", None)
-                ax.add_patch(
-                    Rectangle(
-                        (x0 + s * sw, y0),
-                        sw,
-                        0.7,
-                        facecolor=face[0],
-                        hatch=face[1],
-                        edgecolor="#BBBBBB",
-                        lw=0.4,
-                        gid="slot",
-                    )
-                )
-        elif n_filled:
-            ax.add_patch(
-                Rectangle(
-                    (x0, y0), w * n_filled / block_size, 0.7, facecolor=ink.color, hatch=ink.hatch, lw=0, gid="slot"
-                )
-            )
+    def slotted(x: float, y: float, w: float, n_filled: int, ink: Ink, **kw) -> None:
+        """A block of ``block_size`` slots, the first ``n_filled`` coloured, with thin lines between slots."""
+        box(ax, (x, y, w, 0.7), ink, n_filled / block_size, **kw)
+        dividers = [x + w * s / block_size for s in range(1, block_size)] if block_size <= 64 else []
+        ax.vlines(dividers, y, y + 0.7, color="#BBBBBB", lw=0.4)
 
-    # Pool, top-down, column-major so that ncols=1 is a plain column.
-    pool_top = height - (height - pool_rows) / 2
-    pool_xy = {}
-    for b in range(num_blocks):
-        col, row = divmod(b, pool_rows)
-        x, y = PX + col * (PW + PGAP), pool_top - row - 0.85
-        pool_xy[b] = (x, y)
+    pool_top, pool_xy = height - (height - pool_rows) / 2, {}
+    for b in range(num_blocks):  # the pool, top-down, column-major so that ncols=1 is a plain column
+        x, y = pool_xy[b] = PX + b // pool_rows * (PW + PGAP), pool_top - b % pool_rows - 0.85
         who = users.get(b, [])
         rc = ref_cnt[b] if ref_cnt is not None and b < len(ref_cnt) else len(who)
-        if who:
-            slot_cells(x, y, PW, filled[b], inks[who[0]])
-        elif rc > 0:
-            ax.add_patch(Rectangle((x, y), PW, 0.7, facecolor=IN_USE, lw=0, gid="slot"))
-        shared = len(who) > 1 or rc > 1
-        ax.add_patch(
-            Rectangle(
-                (x, y),
-                PW,
-                0.7,
-                fill=False,
-                edgecolor=SHARED if shared else "#444444",
-                lw=3.5 if shared else 1.2,
-                gid="physical",
-            )
-        )
-        ax.text(
-            x - 0.1,
-            y + 0.35,
-            str(b),
-            ha="right",
-            va="center",
-            fontsize=FONT_SIZE - 3,
-            fontweight="bold" if who else "normal",
-            color="black" if (who or rc) else "#888888",
-        )
-
-    # Sequences, top-down.
-    y = height - (height - logical_rows) / 2
-    for name, (ids, n) in seqs.items():
-        ink = inks[name]
+        edge = dict(ec=SHARED, lw=3.5) if len(who) > 1 or rc > 1 else dict(ec=EDGE, lw=1.2)
+        ink = inks[who[0]] if who else Ink(IN_USE)
+        slotted(x, y, PW, filled[b] if who else block_size * (rc > 0), ink, gid="physical", **edge)
+        style = dict(weight="bold" if who else "normal", color="black" if (who or rc) else "#888888")
+        ax.text(x - 0.1, y + 0.35, str(b), ha="right", va="center", fontsize=FONT_SIZE - 3, **style)
+    y, tip = height - (height - logical_rows) / 2, dict(arrowstyle="-|>", mutation_scale=14)
+    for name, (ids, n) in seqs.items():  # the sequences, top-down
         if not ids:
             y -= 1
             ax.text(LW / 2, y + 0.5, f"{name}: no blocks yet", ha="center", va="center", fontsize=FONT_SIZE - 2)
         for j, b in enumerate(ids):
             y -= 1
-            yb = y + 0.15
-            slot_cells(0, yb, LW, min(block_size, max(0, n - j * block_size)), ink)
-            ax.add_patch(Rectangle((0, yb), LW, 0.7, fill=False, edgecolor="#444444", lw=1.2, gid="logical"))
+            yb, ink = y + 0.15, inks[name]
+            slotted(0, yb, LW, min(block_size, max(0, n - j * block_size)), ink, lw=1.2, gid="logical")
             ax.text(-0.15, yb + 0.35, f"{name} #{j}", ha="right", va="center", fontsize=FONT_SIZE - 2)
-            ax.add_patch(Rectangle((TX, yb), TW, 0.7, facecolor="white", edgecolor=ink.color, lw=2, gid="table"))
-            ax.text(TX + TW / 2, yb + 0.35, str(b), ha="center", va="center", fontsize=FONT_SIZE - 1)
-            ax.add_patch(
-                FancyArrowPatch(
-                    (LW + 0.1, yb + 0.35),
-                    (TX - 0.05, yb + 0.35),
-                    arrowstyle="-|>",
-                    mutation_scale=12,
-                    color="#666666",
-                    lw=1,
-                )
-            )
-            px, py = pool_xy[b]
-            ax.add_patch(
-                FancyArrowPatch(
-                    (TX + TW + 0.05, yb + 0.35),
-                    (px - 0.55, py + 0.35),
-                    arrowstyle="-|>",
-                    mutation_scale=16,
-                    color=ink.color,
-                    lw=1.8,
-                    gid="arrow",
-                )
-            )
+            box(ax, (TX, yb, TW, 0.7), Ink("white"), text=str(b), ec=ink.color, lw=2, gid="table", fontsize=13)
+            end = (pool_xy[b][0] - 0.55, pool_xy[b][1] + 0.35)
+            ax.add_patch(FancyArrowPatch((LW + 0.1, yb + 0.35), (TX - 0.05, yb + 0.35), color="#666666", lw=1, **tip))
+            ax.add_patch(FancyArrowPatch((TX + TW + 0.05, yb + 0.35), end, color=ink.color, lw=1.8, gid="arrow", **tip))
         y -= 0.6
-
-    for x, label in (
-        (LW / 2, "logical blocks"),
-        (TX + TW / 2, "block table"),
-        (PX + (ncols * (PW + PGAP) - PGAP) / 2, "physical blocks"),
-    ):
-        ax.text(x, height + 0.25, label, ha="center", va="bottom", fontsize=FONT_SIZE - 1, fontweight="bold")
-    ax.set_xlim(-1.6, width)
-    ax.set_ylim(-0.2, height + 1.0)
+    heads = {"logical blocks": LW / 2, "block table": TX + TW / 2, "physical blocks": (PX + width - PGAP) / 2}
+    for label, x in heads.items():
+        ax.text(x, height + 0.25, label, ha="center", va="bottom", fontsize=FONT_SIZE - 1, weight="bold")
+    ax.set(xlim=(-1.6, width), ylim=(-0.2, height + 1.0))
     ax.axis("off")
     tokens = ", ".join(f"{name}: {n} tokens" for name, (_, n) in seqs.items())
     head = title or f"block size {block_size}"
     ax.set_title(f"{head}\n{tokens}" if tokens else head, loc="left")
-    handles = _owner_legend(inks)
+    handles = pool_legend(inks)
     if any(len(u) > 1 for u in users.values()) or (ref_cnt is not None and any(r > 1 for r in ref_cnt)):
-        handles.append(Patch(facecolor="white", edgecolor=SHARED, lw=3, label="shared"))
-    if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1), frameon=False)
+        handles.append(Patch(fc="white", ec=SHARED, lw=3, label="shared"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1), frameon=False)
     return fig

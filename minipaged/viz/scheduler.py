@@ -1,46 +1,43 @@
-"""Stage 5 pictures: what the engine did at each step, over time, and the KV memory it held.
+"""Stage 5 pictures, from ``StepSnapshot``s (what ``LLM.step()`` returns) and ``LLM.kv_stats()`` dicts.
 
-Pure render functions over ``StepSnapshot`` lists (what ``LLM.step()`` returns) and
-``LLM.kv_stats()`` dicts:
-
-- :func:`draw_step`: one step's queues, scheduled work, block tables and pool;
-- :func:`draw_timeline`: a Gantt chart of every sequence over the steps;
-- :func:`draw_kv_usage`: KV slots over the steps, paged against contiguous on one budget.
-
-Sequences are named by :func:`seq_names` (``R3`` = request 3; ``R3.1`` = its second sample).
+:func:`draw_step`: one step (every sequence's block table and what it did, the queues, the pool; an
+animation frame is this picture with a caption and the step's events on the blocks);
+:func:`draw_timeline`: every sequence over the steps; :func:`draw_kv_usage`: KV slots over the steps,
+paged against contiguous. :func:`seq_names` names sequences (``R3``: request 3; ``R3.1``: its 2nd sample).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from minipaged.viz.palette import FREE, MUTED, STATE_COLORS, WASTE, Ink, owner_inks, series_color
-from minipaged.viz.style import SMALL, new_figure
+from minipaged.utils import cdiv
+from minipaged.viz.palette import PAGED, STATE_COLORS, Ink, owner_inks, series_color
+from minipaged.viz.pool import PoolState, owners_from_tables, pool_grid, pool_legend, table_rows
+from minipaged.viz.style import MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure
 
-PREEMPT = STATE_COLORS["preempted"]
+CAPTION_BOX = dict(boxstyle="round,pad=0.5", fc="#F3F3F3", ec="none")
 
 
-def seq_names(snapshots: Sequence) -> dict[int, str]:
-    """seq_id -> ``R<request_id>`` (``R<request_id>.<k>`` for the k-th sequence of a request with several).
+def seq_names(snapshots: Sequence, request_name: Callable[[int], str] = "R{}".format) -> dict[int, str]:
+    """seq_id -> ``R<request_id>`` for a request's first sequence, ``R<request_id>.<k>`` for its k-th sample.
 
-    Built from the snapshots' ``scheduled`` entries; a sequence never scheduled keeps ``seq <id>``.
+    Built from the snapshots' ``scheduled`` entries (``request_name`` writes a request id); a
+    sequence never scheduled is left out (pictures call it ``seq <id>``).
     """
     request: dict[int, int] = {}
     for snap in snapshots:
         for d in snap.scheduled:
-            request[d["seq_id"]] = d["request_id"]
-    by_request: dict[int, list[int]] = {}
+            request.setdefault(d["seq_id"], d["request_id"])
+    names, seen = {}, {}
     for seq_id in sorted(request):
-        by_request.setdefault(request[seq_id], []).append(seq_id)
-    names = {}
-    for rid, seqs in by_request.items():
-        for k, seq_id in enumerate(seqs):
-            names[seq_id] = f"R{rid}" if len(seqs) == 1 else f"R{rid}.{k}"
+        k = seen[request[seq_id]] = seen.get(request[seq_id], -1) + 1
+        names[seq_id] = request_name(request[seq_id]) + (f".{k}" if k else "")
     return names
 
 
@@ -63,33 +60,14 @@ def describe_step(snapshot, names: Mapping[int, str] | None = None) -> str:
     return " | ".join(parts)
 
 
-def _box(
-    ax,
-    x: float,
-    y: float,
-    w: float,
-    h: float,
-    text: str,
-    ink: Ink,
-    edge: str = "black",
-    lw: float = 1,
-    fontsize: int = 12,
-) -> None:
-    ax.add_patch(Rectangle((x, y), w, h, facecolor=ink.color, hatch=ink.hatch, edgecolor=edge, lw=lw))
-    ax.text(
-        x + w / 2,
-        y + h / 2,
-        text,
-        ha="center",
-        va="center",
-        fontsize=fontsize,
-        color=ink.text,
-        fontweight="bold" if ink.text == "white" else "normal",
-    )
-
-
-def _clean(ax) -> None:
-    ax.set_axis_off()
+def _doing(snap, seq_id: int) -> str:
+    """What ``seq_id`` did in the step of ``snap``: a :data:`STATE_COLORS` key, or ``"finished"``."""
+    work = next((d for d in snap.scheduled if d["seq_id"] == seq_id), None)
+    if seq_id in snap.preempted:
+        return "preempted"
+    if work is not None:
+        return work["kind"] if seq_id in snap.running or seq_id in snap.waiting else "finished"
+    return "waiting" if seq_id in snap.waiting else "idle"
 
 
 def draw_step(
@@ -97,175 +75,78 @@ def draw_step(
     block_size: int | None = None,
     names: Mapping[int, str] | None = None,
     title: str | None = None,
+    *,
+    fig: Figure | None = None,
+    inks: Mapping[int, Ink] | None = None,
+    caption: str = "",
+    tags: Mapping[int, str] | None = None,
+    notes: Sequence[str] = (),
+    usage: Sequence[tuple[int, int]] = (),
 ) -> Figure:
-    """One engine step: queues after it, what ran, each live sequence's block table, the pool.
+    """One engine step: each sequence's block table and what it did, the queues, the pool.
 
-    Four panels: queues (waiting / running, preempted sequences outlined in red), the scheduled
-    work (prefill / decode and token counts), block tables (with ``block_size`` the last block
-    shows how full it is) and the pool (blocks coloured by owner; free blocks grey).
+    A row per sequence of the step (running, waiting, preempted or just finished): its blocks (with
+    ``block_size``, the coloured part holds tokens), then what it did (``prefill 8``, ``decode 1``...).
+    Beside it the queues, tokens computed, free blocks and ``notes``; below, the pool (``tags``: block
+    -> a word written on it). Animation frames draw into ``fig`` (cleared first), with ``inks`` fixed
+    for the run, a ``caption``, and ``usage`` ((step, blocks in use) of the run) plotted up to this step.
     """
-    fig, axes = new_figure(
-        12.6, 7.4, nrows=2, ncols=2, gridspec_kw=dict(height_ratios=[1, 1.5], width_ratios=[1.25, 1])
-    )
-    (ax_q, ax_s), (ax_t, ax_p) = axes
-    preempted = set(snapshot.preempted)
-    scheduled = {d["seq_id"]: d for d in snapshot.scheduled}
-    inks = owner_inks([*scheduled, *snapshot.running, *snapshot.block_tables])  # alive in this step: all different
+    fig = fig or new_figure(MAX_WIDTH, MAX_HEIGHT)[0]
+    fig.clear()
+    ratios = [0.55] * bool(caption) + [3.0, 2.4]
+    grid = fig.add_gridspec(len(ratios), 2, height_ratios=ratios, width_ratios=[2.6, 1])
+    ax_t, ax_s = fig.add_subplot(grid[-2, 0]), fig.add_subplot(grid[-2, 1])
+    ax_p = fig.add_subplot(grid[-1, : 2 - bool(usage)])  # the pool, beside the plot of blocks in use if any
+    red = title is None and bool(snapshot.preempted)
+    title = title or f"step {snapshot.step}" + " - preemption!" * red
+    fig.suptitle(title, color=STATE_COLORS["preempted"] if red else "black")
+    if caption:
+        ax_c = fig.add_subplot(grid[0, :])
+        ax_c.text(0, 0.5, textwrap.fill(caption, 125), va="center", fontsize=13, linespacing=1.3, bbox=CAPTION_BOX)
+    seqs = list(dict.fromkeys([*snapshot.running, *snapshot.waiting, *snapshot.preempted]))
+    seqs += [d["seq_id"] for d in snapshot.scheduled if d["seq_id"] not in seqs]  # finished in this step
+    tables = {s: snapshot.block_tables.get(s, []) for s in seqs}
+    tokens = {s: snapshot.num_tokens.get(s, 0) if block_size else -1 for s in seqs}
+    pool = PoolState(list(snapshot.ref_cnt), list(snapshot.cached), None, owners_from_tables(tables), tables, tokens)
+    if not pool.ref_cnt:  # a contiguous engine's snapshot: no pool to read, only the tables
+        pool.ref_cnt = [len(pool.owners.get(b, [])) for b in range(max(pool.owners, default=-1) + 1)]
+    inks, name = inks or owner_inks(seqs), lambda s: _nm(s, names)
+    work = {d["seq_id"]: d for d in snapshot.scheduled}
+    doing = {s: _doing(snapshot, s) for s in seqs}
+    did = {s: f"{doing[s]} {work[s]['num_tokens']}" if s in work and doing[s] != "finished" else doing[s] for s in seqs}
+    did |= {s: f"{doing[s]}: blocks freed" for s in seqs if doing[s] in ("preempted", "finished")}
+    table_rows(ax_t, pool, block_size or 1, inks, top=len(seqs), label=name, notes=did)
+    longest = max(map(len, tables.values()), default=0)
+    ax_t.set(xlim=(-2.2, max(longest + 4, 9)), ylim=(min(0, len(seqs) - 5), len(seqs)))
+    each = f" ({block_size} tokens each)" if block_size else ""
+    ax_t.set_title(f"block tables: logical -> physical block ids{each}", loc="left", fontsize=13)
 
-    # Queues.
-    w, h = 1.6, 0.8
-    for row, (label, ids) in enumerate((("waiting", snapshot.waiting), ("running", snapshot.running))):
-        y = 1.2 - row * 1.2
-        ax_q.text(-0.2, y + h / 2, label, ha="right", va="center", fontsize=13)
-        for i, seq_id in enumerate(ids):
-            d = scheduled.get(seq_id)
-            ink = inks[seq_id] if label == "running" else Ink(STATE_COLORS["waiting"])
-            text = _nm(seq_id, names) + (f"\n{d['kind'][0].upper()}{d['num_tokens']}" if d else "")
-            red = seq_id in preempted
-            _box(
-                ax_q,
-                i * (w + 0.2),
-                y,
-                w,
-                h,
-                text,
-                ink,
-                edge=PREEMPT if red else "black",
-                lw=3.5 if red else 1,
-                fontsize=SMALL + 1,
-            )
-        if not ids:
-            ax_q.text(0, y + h / 2, "(empty)", va="center", fontsize=12, color=MUTED)
-    ax_q.set_xlim(-2.0, max(6, max(len(snapshot.waiting), len(snapshot.running))) * (w + 0.2))
-    ax_q.set_ylim(-0.2, 2.2)
-    _clean(ax_q)
-    ax_q.set_title("queues after the step", loc="left")
-
-    # What ran.
-    lines = [
-        (
-            f"{_nm(d['seq_id'], names)}: {d['kind']} of {d['num_tokens']} token{'s' * (d['num_tokens'] != 1)}",
-            inks[d["seq_id"]].color,
-        )
-        for d in snapshot.scheduled
-    ]
-    lines += [(f"{_nm(s, names)}: preempted, blocks freed", PREEMPT) for s in snapshot.preempted]
-    lines += [(f"R{r.request_id}: finished", "black") for r in snapshot.finished]
-    total = sum(d["num_tokens"] for d in snapshot.scheduled)
-    for i, (text, color) in enumerate(lines or [("nothing scheduled", MUTED)]):
-        y = 1 - (i + 0.5) / max(len(lines), 6)
-        ax_s.add_patch(Rectangle((0, y - 0.035), 0.03, 0.07, color=color, transform=ax_s.transAxes))
-        ax_s.text(
-            0.05,
-            y,
-            text,
-            va="center",
-            fontsize=12,
-            color=PREEMPT if color == PREEMPT else "black",
-            fontweight="bold" if color == PREEMPT else "normal",
-            transform=ax_s.transAxes,
-        )
-    _clean(ax_s)
-    ax_s.set_title(f"scheduled: {len(snapshot.scheduled)} seqs, {total} tokens", loc="left")
-
-    # Block tables.
-    live = list(snapshot.block_tables)
-    bw, nrows = 1.0, max(len(live), 4)
-    for r, seq_id in enumerate(live):
-        y = nrows - 1 - r  # first row at the top
-        table = snapshot.block_tables[seq_id]
-        ntok = snapshot.num_tokens.get(seq_id, 0)
-        ax_t.text(-0.3, y + 0.4, _nm(seq_id, names), ha="right", va="center", fontsize=12)
-        for j, block in enumerate(table):
-            fill = 1.0
-            if block_size:
-                fill = max(0.0, min(1.0, (ntok - j * block_size) / block_size))
-            ax_t.add_patch(Rectangle((j * bw, y), bw * 0.92, 0.8, facecolor="white", edgecolor="black", lw=1))
-            if fill > 0:
-                ax_t.add_patch(
-                    Rectangle(
-                        (j * bw, y),
-                        bw * 0.92 * fill,
-                        0.8,
-                        facecolor=inks[seq_id].color,
-                        hatch=inks[seq_id].hatch,
-                        edgecolor="none",
-                    )
-                )
-            ax_t.text(
-                j * bw + 0.46,
-                y + 0.4,
-                str(block),
-                ha="center",
-                va="center",
-                fontsize=SMALL + 1,
-                color=inks[seq_id].text if fill > 0.5 else "black",
-            )
-    width = max([len(t) for t in snapshot.block_tables.values()] + [4])
-    ax_t.set_xlim(-2.0, width * bw + 0.2)
-    ax_t.set_ylim(-0.3, nrows)
-    _clean(ax_t)
-    if not live:
-        ax_t.text(0, nrows - 0.6, "(no live sequence)", fontsize=12, color=MUTED)
-    sub = f" (tokens: {block_size} per block)" if block_size else ""
-    ax_t.set_title("block tables: logical -> physical" + sub, loc="left")
-
-    # Pool.
-    owner: dict[int, int] = {}
-    for seq_id, table in snapshot.block_tables.items():
-        for b in table:
-            owner.setdefault(b, seq_id)
-    num_blocks = len(snapshot.ref_cnt) or (max(owner) + 1 if owner else 0)
-    cols = min(8, max(1, num_blocks))
-    rows = -(-num_blocks // cols) if num_blocks else 1
-    for b in range(num_blocks):
-        x, y = b % cols, rows - 1 - b // cols
-        shared = bool(snapshot.ref_cnt) and snapshot.ref_cnt[b] > 1
-        if b in owner:
-            _box(
-                ax_p, x, y, 0.9, 0.9, str(b), inks[owner[b]], edge="black", lw=2.5 if shared else 1, fontsize=SMALL + 1
-            )
-        else:
-            _box(ax_p, x, y, 0.9, 0.9, str(b), Ink(FREE), edge=WASTE, fontsize=SMALL + 1)
-    ax_p.set_xlim(-0.1, cols)
-    ax_p.set_ylim(-0.1, max(rows, 1))
-    ax_p.set_aspect("equal")
-    _clean(ax_p)
-    free = snapshot.num_free_blocks if snapshot.ref_cnt else num_blocks - len(owner)
-    ax_p.set_title(f"pool: {num_blocks} blocks, {free} free", loc="left")
-
-    fig.suptitle(
-        title or f"step {snapshot.step}" + (" - preemption!" if snapshot.preempted else ""),
-        color=PREEMPT if snapshot.preempted else "black",
-    )
+    lines = [f"running: {' '.join(map(name, snapshot.running)) or '-'}"]
+    lines += [f"waiting: {' '.join(map(name, snapshot.waiting)) or '-'}"]
+    lines += [f"scheduled: {len(work)} seqs, {sum(d['num_tokens'] for d in work.values())} tokens"]
+    lines += [f"free blocks: {snapshot.num_free_blocks} of {len(pool.ref_cnt)}"] * bool(snapshot.ref_cnt) + [*notes]
+    ax_s.text(0, 1, "\n".join(lines), va="top", fontsize=12, linespacing=1.45, transform=ax_s.transAxes)
+    ax_s.set_title("queues after the step", loc="left", fontsize=13)
+    if usage:
+        spark, steps = fig.add_subplot(grid[-1, 1]), [x for x, _ in usage]
+        spark.step(*zip(*[(x, y) for x, y in usage if x <= snapshot.step]), where="mid", color=PAGED, lw=2)
+        spark.set(xlim=(min(steps) - 0.5, max(steps) + 0.5), ylim=(0, len(pool.ref_cnt)), xlabel="step")
+        spark.set_title("blocks in use", loc="left", fontsize=13)
+        for axis in (spark.xaxis, spark.yaxis):  # whole steps, whole blocks
+            axis.set_major_locator(MaxNLocator(integer=True))
+    n = len(pool.ref_cnt)
+    shape = 2.6 * MAX_WIDTH / 3.6 / 2.4 if usage else MAX_WIDTH / 2.4  # the pool's width / height
+    rows = max(range(1, n + 1), key=lambda r: min(shape / cdiv(n, r), 1 / r), default=1)
+    ncols = cdiv(n, rows) if n else 1
+    fill = pool.block_fill(block_size) if block_size else None
+    pool_grid(ax_p, pool, inks, ncols, top=rows, fill=fill, tags=tags, label=name)
+    ax_p.set(xlim=(0, ncols), ylim=(0, rows), aspect="equal")
+    ax_p.set_title(f"pool: {n} blocks, {pool.ref_cnt.count(0)} free", loc="left", fontsize=13)
+    handles = [h for h in pool_legend({}, pool) if h.get_label() != "in use"]
+    ax_p.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, 0), ncols=4, frameon=False, fontsize=SMALL + 1)
+    for ax in (ax_t, ax_s, ax_p) + ((ax_c,) if caption else ()):
+        ax.set_axis_off()
     return fig
-
-
-def timeline_states(snapshots: Sequence) -> tuple[dict[int, dict[int, str]], dict[int, int]]:
-    """(seq_id -> {step: state}, seq_id -> the step it finished), state being a ``STATE_COLORS`` key.
-
-    A step's state comes from the snapshot it returned: scheduled (prefill / decode), preempted,
-    waiting, or running but not scheduled (``idle``). A sequence that ran in a step and is
-    neither waiting nor running after it finished in that step.
-    """
-    states: dict[int, dict[int, str]] = {}
-    finished: dict[int, int] = {}
-    for snap in snapshots:
-        scheduled = {d["seq_id"]: d["kind"] for d in snap.scheduled}
-        waiting, running = set(snap.waiting), set(snap.running)
-        for seq_id in set(scheduled) | set(snap.preempted) | waiting | running:
-            if seq_id in snap.preempted:
-                state = "preempted"
-            elif seq_id in scheduled:
-                state = scheduled[seq_id]
-                if seq_id not in waiting and seq_id not in running:
-                    finished[seq_id] = snap.step
-            elif seq_id in waiting:
-                state = "waiting"
-            else:
-                state = "idle"
-            states.setdefault(seq_id, {})[snap.step] = state
-    return states, finished
 
 
 def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, title: str | None = None) -> Figure:
@@ -273,16 +154,24 @@ def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, t
 
     Waiting (grey), prefill (orange), decode (blue), preempted (vermillion, hatched), running
     but not scheduled (pale blue); a black diamond marks the end of the step in which a sequence
-    finished. Artists: one ``Rectangle`` per run of equal states (``ax.patches``) and one
-    ``Line2D`` holding a marker per finished sequence.
+    finished. A step's state comes from the snapshot it returned. Artists: one ``Rectangle`` per run
+    of equal states (``ax.patches``) and one ``Line2D`` holding a marker per finished sequence.
     """
-    states, finished = timeline_states(snapshots)
+    states: dict[int, dict[int, str]] = {}  # seq_id -> {step: a STATE_COLORS key}
+    finished: dict[int, int] = {}  # seq_id -> the step it finished in
+    for snap in snapshots:
+        work = {d["seq_id"]: d["kind"] for d in snap.scheduled}
+        for seq_id in set(work) | set(snap.preempted) | set(snap.waiting) | set(snap.running):
+            state = _doing(snap, seq_id)
+            if state == "finished":
+                state, finished[seq_id] = work[seq_id], snap.step
+            states.setdefault(seq_id, {})[snap.step] = state
     names = names if names is not None else seq_names(snapshots)
-    order = sorted(states)
-    steps = [s.step for s in snapshots]
+    order, steps = sorted(states), [s.step for s in snapshots]
     fig, ax = new_figure(max(8.0, 0.28 * len(steps) + 3), max(3.0, 0.45 * len(order) + 1.8))
-    for row, seq_id in enumerate(order):
-        y = len(order) - 1 - row
+    ys = {seq_id: len(order) - 1 - row for row, seq_id in enumerate(order)}
+    hatched = dict(ec="black", hatch="xx", lw=0.8)
+    for seq_id in order:
         runs: list[list] = []  # [state, first step, last step]
         for step, state in sorted(states[seq_id].items()):
             if runs and runs[-1][0] == state and runs[-1][2] == step - 1:
@@ -290,42 +179,15 @@ def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, t
             else:
                 runs.append([state, step, step])
         for state, first, last in runs:
-            hatched = state == "preempted"
-            ax.add_patch(
-                Rectangle(
-                    (first - 0.5, y - 0.35),
-                    last - first + 1,
-                    0.7,
-                    facecolor=STATE_COLORS[state],
-                    edgecolor="black" if hatched else "none",
-                    hatch="xx" if hatched else None,
-                    lw=0.8,
-                )
-            )
-    ys = {seq_id: len(order) - 1 - row for row, seq_id in enumerate(order)}
-    ax.plot(
-        [finished[s] + 0.5 for s in finished],
-        [ys[s] for s in finished],
-        "D",
-        color="black",
-        markersize=7,
-        linestyle="none",
-    )
+            style = hatched if state == "preempted" else dict(ec="none")
+            xy = (first - 0.5, ys[seq_id] - 0.35)
+            ax.add_patch(Rectangle(xy, last - first + 1, 0.7, fc=STATE_COLORS[state], **style))
+    ax.plot([finished[s] + 0.5 for s in finished], [ys[s] for s in finished], "D", color="black", markersize=7)
     ax.set_yticks(range(len(order)), [_nm(s, names) for s in reversed(order)])
-    ax.set_xlim(min(steps, default=0) - 0.6, max(steps, default=0) + 1)
-    ax.set_ylim(-0.6, len(order) - 0.4)
+    ax.set(xlim=(min(steps, default=0) - 0.6, max(steps, default=0) + 1), ylim=(-0.6, len(order) - 0.4))
     ax.set_xlabel("engine step")
-    used = {st for per in states.values() for st in per.values()}
-    handles = [
-        Patch(
-            facecolor=STATE_COLORS[k],
-            label=k,
-            hatch="xx" if k == "preempted" else None,
-            edgecolor="black" if k == "preempted" else "none",
-        )
-        for k in STATE_COLORS
-        if k in used
-    ]
+    used = [k for k in STATE_COLORS if any(k in per.values() for per in states.values())]
+    handles = [Patch(fc=STATE_COLORS[k], label=k, **(hatched if k == "preempted" else {})) for k in used]
     handles.append(Line2D([], [], marker="D", color="black", linestyle="none", label="finished"))
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), frameon=False)
     ax.set_title(title or "requests over engine steps", loc="left")
@@ -335,13 +197,11 @@ def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, t
 def during_steps(values: Sequence[int], preemptions: Sequence[int] | None = None) -> list[int]:
     """What the engine held *during* each step, from ``values`` recorded after each step.
 
-    Records come after a step has freed what its finished sequences held, and new requests are
-    admitted at the next step's schedule, so a record can be low (0 for a contiguous cache whose
-    reservations all just finished) although no step ever ran with that little. During step k the
-    engine still held what it held after step k-1 (finished sequences free at the end of the
-    step), so the value is ``max(record k-1, record k)`` — except in a step that preempted
-    (``preemptions``, the running count of ``kv_stats()["num_preemptions"]``, grew): preemption
-    frees memory before the step runs, so that step keeps its own record.
+    A record comes after its step freed what finished sequences held (0 for a contiguous cache
+    whose reservations all just finished), though no step ran with that little: during step k the
+    engine still held what it held after step k-1, so the value is ``max(record k-1, record k)`` —
+    except in a step that preempted (``preemptions``, the running ``num_preemptions``, grew), which
+    freed memory before it ran and keeps its own record.
     """
     preemptions = preemptions or [0] * len(values)
     out, prev_value, prev_preemptions = [], 0, 0
@@ -361,25 +221,15 @@ def draw_kv_usage(
 ) -> Figure:
     """KV slots in use at each engine step, a paged cache against a contiguous one on the same budget.
 
-    Each series is one ``LLM.kv_stats()`` dict per step, recorded after the step (``tokens_held``,
-    ``slots_allocated``, ``num_preemptions``), read with :func:`during_steps`. Solid steps: slots
-    allocated (blocks, or reservations); dashed: slots holding a token; the shaded gap between them
-    is waste. ``capacity`` (slots in the budget) draws a horizontal line. ``running``: the number
-    of running sequences after each step, ``(paged, contiguous)``: adds a second panel.
-
-    Artists: in the first axes, one ``Line2D`` per series and kind (labels ``"paged: slots
-    allocated"``, ``"paged: slots holding a token"``, ...), the capacity line, and a dotted
-    vertical line at each run's last step.
+    Each series is one ``LLM.kv_stats()`` dict per step, recorded after the step, read with
+    :func:`during_steps`. Solid: slots allocated (blocks, or reservations), labelled ``"paged: slots
+    allocated"``; dashed: slots holding a token; the shaded gap between them is waste. ``capacity``
+    (slots in the budget) draws a line. ``running``, ``(paged, contiguous)`` running sequences after
+    each step, adds a second panel.
     """
-    fig, axes = new_figure(
-        12.4 if running else 11,
-        5.2,
-        ncols=2 if running else 1,
-        squeeze=False,
-        gridspec_kw=dict(width_ratios=[1.6, 1]) if running else None,
-    )
-    ax = axes[0, 0]
-    runs = (("paged", paged_series), ("contiguous", contiguous_series))
+    ratios = dict(gridspec_kw=dict(width_ratios=[1.6, 1])) if running else {}
+    fig, axes = new_figure(12.4 if running else 11, 5.2, ncols=2 if running else 1, squeeze=False, **ratios)
+    ax, runs = axes[0, 0], (("paged", paged_series), ("contiguous", contiguous_series))
     for label, series in runs:
         color, preempts = series_color(label), [d.get("num_preemptions", 0) for d in series]
         held = during_steps([d["tokens_held"] for d in series], preempts)
@@ -392,21 +242,17 @@ def draw_kv_usage(
             ax.axvline(x[-1] + 0.5, color=color, lw=1.2, ls=":", label=f"{label}: done after step {x[-1]}")
     if capacity is not None:
         ax.axhline(capacity, color="black", lw=1.2, ls=(0, (1, 2)), label=f"budget: {capacity} slots")
-    ax.set_xlabel("engine step")
-    ax.set_ylabel("KV slots")
-    ax.set_ylim(0, 1.08 * max([capacity or 0] + [int(d["slots_allocated"]) for _, s in runs for d in s] + [1]))
+    top = max([capacity or 0] + [int(d["slots_allocated"]) for _, s in runs for d in s] + [1])
+    ax.set(xlabel="engine step", ylabel="KV slots", ylim=(0, 1.08 * top))
     ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
     ax.set_title(title or "KV memory over time, same budget", loc="left")
     if running:
-        ax_r = axes[0, 1]
         for (label, series), counts in zip(runs, running):
             ran = during_steps(counts, [d.get("num_preemptions", 0) for d in series])
-            ax_r.step(range(1, len(ran) + 1), ran, where="mid", color=series_color(label), lw=2.2, label=label)
-        ax_r.set_xlabel("engine step")
-        ax_r.set_ylabel("sequences")
-        ax_r.set_ylim(bottom=0)
-        ax_r.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
-        ax_r.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole sequences: no "17.5"
-        ax_r.set_title("running sequences", loc="left")
+            axes[0, 1].step(range(1, len(ran) + 1), ran, where="mid", color=series_color(label), lw=2.2, label=label)
+        axes[0, 1].set(xlabel="engine step", ylabel="sequences", ylim=(0, None))
+        axes[0, 1].xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+        axes[0, 1].yaxis.set_major_locator(MaxNLocator(integer=True))  # whole sequences: no "17.5"
+        axes[0, 1].set_title("running sequences", loc="left")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, frameon=False, fontsize=SMALL + 2)
     return fig

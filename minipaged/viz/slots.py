@@ -1,10 +1,8 @@
 """Stage 3 pictures: where each new token's K/V lands in the pool (slot mapping).
 
-Pure render functions: they take plain state (lists of ints) and return a ``Figure``.
-
-- :func:`draw_slot_mapping`: one batch's tokens on top, the pool's slots below grouped by block,
-  an arrow from every token to its slot (padding, slot -1, is shown as skipped);
-- :func:`draw_pool_fill`: small multiples of the pool as a prefill, then decode steps, fill it.
+:func:`draw_slot_mapping`: one batch's tokens on top, the pool's slots below grouped by block, an
+arrow from every token to its slot (padding, slot -1, is shown as skipped); :func:`draw_pool_fill`:
+small multiples of the pool as a prefill, then decode steps, fill it. Plain lists in, ``Figure`` out.
 """
 
 from __future__ import annotations
@@ -17,19 +15,29 @@ from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from minipaged.viz.palette import FREE, MUTED, WASTE, owner_color, text_color
 from minipaged.viz.style import SMALL, new_figure
 
-PAD_COLOR = WASTE
-BLOCK_GAP = 0.7  # horizontal gap between two blocks of slots, in slot widths
+GAP = 0.7  # horizontal gap between two blocks of slots (and between two sequences' tokens), in slot widths
 
 
 def _name(i: int, seq_names: Sequence[str] | None) -> str:
-    if seq_names is not None and 0 <= i < len(seq_names):
-        return seq_names[i]
-    return chr(ord("A") + i) if 0 <= i < 26 else f"s{i}"
+    """``seq_names[i]``, or A, B, C, ... (``s26`` and up past Z)."""
+    return seq_names[i] if seq_names is not None and i < len(seq_names) else chr(65 + i) if i < 26 else f"s{i}"
 
 
-def _slot_x(slot: int, block_size: int) -> float:
-    """Left edge of a slot's box: blocks are drawn side by side with a gap between them."""
-    return (slot // block_size) * (block_size + BLOCK_GAP) + slot % block_size
+def slot_grid(ax, rows: int, block_size: int, face: Mapping, labels=None, new=(), empty=FREE, top=None) -> None:
+    """``rows`` rows of slots (row r: slots ``r * block_size`` on), going down from ``top`` (default ``rows``):
+    slot s filled with ``face[s]`` (absent: ``empty``), written with ``labels[s]``, outlined when in ``new``."""
+    top = rows if top is None else top
+    for s in range(rows * block_size):
+        (r, o), color = divmod(s, block_size), face.get(s, empty)
+        ax.add_patch(Rectangle((o, top - 1 - r), 1, 1, fc=color, ec="white", lw=1.2, gid="slot"))
+        if labels and s in labels:
+            ax.text(o + 0.5, top - 0.5 - r, labels[s], ha="center", va="center", fontsize=SMALL, c=text_color(color))
+        if s in new:  # on top of the slot: an unfilled Rectangle
+            ax.add_patch(Rectangle((o + 0.08, top - r - 0.92), 0.84, 0.84, fill=False, ec="black", lw=2.5, zorder=3))
+
+
+def _legend(seqs, seq_names: Sequence[str] | None) -> list[Patch]:
+    return [Patch(fc=owner_color(q), label=f"seq {_name(q, seq_names)}") for q in sorted(seqs)]
 
 
 def draw_slot_mapping(
@@ -48,113 +56,58 @@ def draw_slot_mapping(
     token_seq: [num_tokens] index of the sequence each token belongs to (ignored for padding);
     token_pos: [num_tokens] each token's position in its sequence (for the labels, e.g. ``B3``);
     filled: slot -> sequence index of slots that already hold earlier tokens (drawn pale).
-
-    Artists: one ``FancyArrowPatch`` per real token (none for padding); one ``Rectangle`` per
-    token and per slot.
+    Artists: a ``FancyArrowPatch`` per real token; a ``Rectangle`` per token, slot and block outline.
     """
-    slots = [int(s) for s in slot_mapping]
+    slots, num_slots, filled = [int(s) for s in slot_mapping], num_blocks * block_size, dict(filled or {})
     if len(token_seq) != len(slots):
         raise ValueError(f"token_seq has {len(token_seq)} entries, slot_mapping {len(slots)}")
-    num_slots = num_blocks * block_size
     if any(s >= num_slots or s < -1 for s in slots):
         raise ValueError(f"slot ids must be -1 or in [0, {num_slots})")
-    filled = dict(filled or {})
-    width = _slot_x(num_slots - 1, block_size) + 1
+    slot_x = [b * (block_size + GAP) + o for b in range(num_blocks) for o in range(block_size)]  # blocks side by side
+    width = slot_x[-1] + 1
     fig, ax = new_figure(max(8.0, 0.42 * width + 1.5), 4.6)
-
-    # Bottom row: the pool's slots, grouped by block.
     y_slot, y_tok, h = 0.0, 2.6, 0.8
     writer = {s: token_seq[i] for i, s in enumerate(slots) if s >= 0}
-    for s in range(num_slots):
-        x = _slot_x(s, block_size)
-        if s in writer:
-            face, alpha = owner_color(writer[s]), 1.0
-        elif s in filled:
-            face, alpha = owner_color(filled[s]), 0.35
-        else:
-            face, alpha = "white", 1.0
-        ax.add_patch(Rectangle((x + 0.05, y_slot), 0.9, h, facecolor=face, alpha=alpha, edgecolor="#555555", lw=1))
-        ax.text(
-            x + 0.5,
-            y_slot + h / 2,
-            str(s),
-            ha="center",
-            va="center",
-            fontsize=SMALL + 1,
-            color=text_color(face) if s in writer else "black",
-        )
+    for s, x in enumerate(slot_x):  # the pool's slots: written now in the writer's colour, earlier ones pale
+        face = owner_color(writer[s]) if s in writer else owner_color(filled[s]) if s in filled else "white"
+        alpha = 0.35 if s in filled and s not in writer else 1.0
+        ax.add_patch(Rectangle((x + 0.05, y_slot), 0.9, h, fc=face, alpha=alpha, ec="#555555", lw=1))
+        color = text_color(face) if s in writer else "black"
+        ax.text(x + 0.5, y_slot + h / 2, str(s), ha="center", va="center", fontsize=SMALL + 1, color=color)
     for b in range(num_blocks):
-        x0 = _slot_x(b * block_size, block_size)
-        ax.add_patch(
-            Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False, edgecolor="black", lw=1.8)
-        )
+        x0 = slot_x[b * block_size]
+        ax.add_patch(Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False, ec="black", lw=1.8))
         ax.text(x0 + block_size / 2, y_slot - 0.3, f"block {b}", ha="center", va="top", fontsize=SMALL + 2)
 
-    # Top row: the batch's tokens, packed in order, one gap between sequences.
-    xs: list[float] = []
-    x = 0.0
-    for i in range(len(slots)):
-        if i and (slots[i] < 0) != (slots[i - 1] < 0) or i and slots[i] >= 0 and token_seq[i] != token_seq[i - 1]:
-            x += BLOCK_GAP
+    xs, x = [], 0.0  # the batch's tokens, packed in order, a gap between sequences (and around padding)
+    for i, s in enumerate(slots):
+        x += GAP * bool(i and ((s < 0) != (slots[i - 1] < 0) or s >= 0 and token_seq[i] != token_seq[i - 1]))
         xs.append(x)
         x += 1
     scale = min(1.0, width / x) if x else 1.0
-    offset = (width - x * scale) / 2
-    tw = 0.9 * scale
+    xs, tw = [(width - x * scale) / 2 + t * scale for t in xs], 0.9 * scale
     pad_runs: list[list[float]] = []  # x of the first and last padding token of each run
-    for i, s in enumerate(slots):
-        tx = offset + xs[i] * scale
+    for i, (s, tx) in enumerate(zip(slots, xs)):
         if s < 0:
-            ax.add_patch(Rectangle((tx, y_tok), tw, h, facecolor=PAD_COLOR, edgecolor="#555555", hatch="//", lw=1))
-            if i and slots[i - 1] < 0:
-                pad_runs[-1][1] = tx + tw
-            else:
-                pad_runs.append([tx, tx + tw])
+            ax.add_patch(Rectangle((tx, y_tok), tw, h, fc=WASTE, ec="#555555", hatch="//", lw=1))
+            pad_runs += [[tx, tx + tw]] if not i or slots[i - 1] >= 0 else []
+            pad_runs[-1][1] = tx + tw
             continue
-        seq = token_seq[i]
-        color = owner_color(seq)
-        ax.add_patch(Rectangle((tx, y_tok), tw, h, facecolor=color, edgecolor="black", lw=1))
-        label = _name(seq, seq_names) + ("" if token_pos is None else str(token_pos[i]))
-        ax.text(
-            tx + tw / 2,
-            y_tok + h / 2,
-            label,
-            ha="center",
-            va="center",
-            fontsize=SMALL + 1 if scale > 0.7 else SMALL,
-            color=text_color(color),
-        )
-        ax.add_patch(
-            FancyArrowPatch(
-                (tx + tw / 2, y_tok - 0.02),
-                (_slot_x(s, block_size) + 0.5, y_slot + h + 0.1),
-                arrowstyle="-|>",
-                mutation_scale=12,
-                color=color,
-                lw=1.4,
-                alpha=0.85,
-            )
-        )
-
+        color = owner_color(token_seq[i])
+        ax.add_patch(Rectangle((tx, y_tok), tw, h, fc=color, ec="black", lw=1))
+        label = _name(token_seq[i], seq_names) + ("" if token_pos is None else str(token_pos[i]))
+        size = SMALL + 1 if scale > 0.7 else SMALL
+        ax.text(tx + tw / 2, y_tok + h / 2, label, ha="center", va="center", fontsize=size, color=text_color(color))
+        ends = (tx + tw / 2, y_tok - 0.02), (slot_x[s] + 0.5, y_slot + h + 0.1)
+        ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=12, color=color, lw=1.4, alpha=0.85))
     for lo, hi in pad_runs:  # one label per run of padding, not one per token
-        ax.text(
-            (lo + hi) / 2,
-            y_tok + h + 0.1,
-            "slot -1: skipped",
-            ha="center",
-            va="bottom",
-            fontsize=SMALL + 1,
-            color=MUTED,
-        )
+        ax.text((lo + hi) / 2, y_tok + h + 0.1, "slot -1: skipped", ha="center", va="bottom", color=MUTED, fontsize=11)
     ax.text(-0.4, y_tok + h / 2, "new\ntokens", ha="right", va="center", fontsize=12)
     ax.text(-0.4, y_slot + h / 2, "pool\nslots", ha="right", va="center", fontsize=12)
-    seqs = sorted({token_seq[i] for i, s in enumerate(slots) if s >= 0} | set(filled.values()))
-    handles = [Patch(facecolor=owner_color(q), label=f"seq {_name(q, seq_names)}") for q in seqs]
-    if any(s < 0 for s in slots):
-        handles.append(Patch(facecolor=PAD_COLOR, hatch="//", label="padding (slot -1)"))
+    handles = _legend({token_seq[i] for i, s in enumerate(slots) if s >= 0} | set(filled.values()), seq_names)
+    handles += [Patch(fc=WASTE, hatch="//", label="padding (slot -1)")] * bool(pad_runs)
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(handles), frameon=False)
-    ax.set_xlim(-1.6, width + 0.2)
-    ax.set_ylim(-0.9, y_tok + h + (0.6 if pad_runs else 0.2))
+    ax.set(xlim=(-1.6, width + 0.2), ylim=(-0.9, y_tok + h + (0.6 if pad_runs else 0.2)))
     ax.set_axis_off()
     ax.set_title(title or f"slot = block_id * {block_size} + offset")
     return fig
@@ -170,54 +123,30 @@ def draw_pool_fill(
 
     frames: ``(label, block_tables, num_tokens)`` with ``block_tables[i]`` the physical blocks of
     sequence ``i`` and ``num_tokens[i]`` the tokens it holds. A panel is the pool as a grid (one
-    row per block, one column per offset); the tokens written since the previous frame get a
-    thick black outline. Artists: one ``Rectangle`` per slot in each panel, plus one outline
-    ``Rectangle`` per newly written token.
+    row per block, one column per offset, :func:`slot_grid`); the tokens written since the previous
+    frame get a thick black outline.
     """
     if not frames:
         raise ValueError("draw_pool_fill needs at least one frame")
-    n = len(frames)
-    fig, axes = new_figure(
-        max(6.0, n * (0.38 * block_size + 1.0)) + 0.5, 0.38 * num_blocks + 2.2, ncols=n, squeeze=False
-    )
-    axes = axes[0]
+    width = max(6.0, len(frames) * (0.38 * block_size + 1.0)) + 0.5
+    fig, axes = new_figure(width, 0.38 * num_blocks + 2.2, ncols=len(frames), squeeze=False)
     prev: dict[int, int] = {}
-    seqs: set[int] = set()
-    for ax, (label, tables, num_tokens) in zip(axes, frames, strict=True):
-        owner: dict[int, tuple[int, int]] = {}  # slot -> (sequence, position)
+    for ax, (label, tables, num_tokens) in zip(axes[0], frames, strict=True):
+        owner: dict[int, int] = {}  # slot -> sequence
         for i, (table, ntok) in enumerate(zip(tables, num_tokens, strict=True)):
             if ntok > len(table) * block_size:
                 raise ValueError(f"sequence {i} holds {ntok} tokens but has only {len(table)} blocks")
-            for pos in range(ntok):
-                owner[table[pos // block_size] * block_size + pos % block_size] = (i, pos)
-            seqs.add(i)
-        for b in range(num_blocks):
-            for o in range(block_size):
-                s = b * block_size + o
-                y = num_blocks - 1 - b
-                if s in owner:
-                    seq = owner[s][0]
-                    ax.add_patch(Rectangle((o, y), 1, 1, facecolor=owner_color(seq), edgecolor="white", lw=1))
-                    if prev.get(s) != seq:  # written since the previous frame: outline on top
-                        ax.add_patch(
-                            Rectangle((o + 0.08, y + 0.08), 0.84, 0.84, fill=False, edgecolor="black", lw=2.5, zorder=3)
-                        )
-                else:
-                    ax.add_patch(Rectangle((o, y), 1, 1, facecolor=FREE, edgecolor="white", lw=1))
-        ax.set_xlim(0, block_size)
-        ax.set_ylim(0, num_blocks)
-        ax.set_aspect("equal")
-        ax.set_yticks(
-            [num_blocks - 1 - b + 0.5 for b in range(num_blocks)], [str(b) for b in range(num_blocks)], fontsize=12
-        )
-        ax.set_xticks([])
+            owner.update({table[p // block_size] * block_size + p % block_size: i for p in range(ntok)})
+        new = [s for s, seq in owner.items() if prev.get(s) != seq]  # written since the previous frame
+        slot_grid(ax, num_blocks, block_size, {s: owner_color(q) for s, q in owner.items()}, new=new)
+        ax.set(xlim=(0, block_size), ylim=(0, num_blocks), aspect="equal", xticks=[])
+        ax.set_yticks([num_blocks - 0.5 - b for b in range(num_blocks)], list(map(str, range(num_blocks))), fontsize=12)
         ax.tick_params(length=0)
-        for side in ("left", "bottom"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["left", "bottom"]].set_visible(False)
         ax.set_title(label, fontsize=12)
-        prev = {s: seq for s, (seq, _) in owner.items()}
-    axes[0].set_ylabel("physical block")
-    handles = [Patch(facecolor=owner_color(i), label=f"seq {_name(i, seq_names)}") for i in sorted(seqs)]
-    handles.append(Patch(facecolor="white", edgecolor="black", lw=2.5, label="written this step"))
+        prev = owner
+    axes[0, 0].set_ylabel("physical block")
+    seqs = range(max(len(f[1]) for f in frames))
+    handles = [*_legend(seqs, seq_names), Patch(fc="white", ec="black", lw=2.5, label="written this step")]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
     return fig

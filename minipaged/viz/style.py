@@ -1,12 +1,10 @@
-"""One look for every figure: fonts readable on a projector, sizes that fit one.
+"""One look for every figure: fonts readable on a projector, sizes that fit one, and the :func:`box`
+every block, slot and reservation is drawn with.
 
 Render functions take state and return a ``matplotlib.figure.Figure``; they never show it, so
-notebooks, widgets and ``save_figure`` (PNG/SVG for slides) all share them. Colours live in
-:mod:`minipaged.viz.palette`.
-
-Sizes: a widget shows :func:`figure_png` at 100 dpi, where a point is 100/72 pixels. The
-smallest text, :data:`SMALL` (10 pt), is then 14 px; figures are at most :data:`MAX_WIDTH` x
-:data:`MAX_HEIGHT` inches (within 1280 x 800 px), so they fit a projector unshrunk.
+notebooks, widgets and :func:`save_figure` (PNG/SVG for slides) all share them. A widget shows
+:func:`figure_png` at 100 dpi, where the smallest text, :data:`SMALL` (10 pt), is 14 px; figures are
+at most :data:`MAX_WIDTH` x :data:`MAX_HEIGHT` inches, so they fit a 1280 x 800 projector unshrunk.
 """
 
 from __future__ import annotations
@@ -15,29 +13,23 @@ import io
 from pathlib import Path
 
 import matplotlib as mpl
+from matplotlib import patheffects
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-from minipaged.viz.palette import PALETTE
+from minipaged.viz.palette import SEQUENCE_COLORS, Ink
 
 FONT_SIZE = 14  # body text, axis labels
 SMALL = 10  # the smallest text any figure uses: 14 px at 100 dpi
 MAX_WIDTH, MAX_HEIGHT = 12.6, 7.8  # inches: within 1280 x 800 px at 100 dpi, margins included
 WIDGET_DPI = 100
+EDGE = "#444444"  # the outline of a block
+HALO = [patheffects.withStroke(linewidth=3, foreground="white")]  # black text that reads on any fill
 
-# Big type for projectors; applied when minipaged.viz is imported.
-STYLE = {
-    "font.size": FONT_SIZE,
-    "axes.titlesize": FONT_SIZE + 2,
-    "axes.labelsize": FONT_SIZE,
-    "legend.fontsize": FONT_SIZE - 2,
-    "xtick.labelsize": FONT_SIZE - 2,
-    "ytick.labelsize": FONT_SIZE - 2,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.prop_cycle": mpl.cycler(color=PALETTE),
-    "svg.fonttype": "none",
-}
-mpl.rcParams.update(STYLE)
+STYLE = {"font.size": FONT_SIZE, "axes.labelsize": FONT_SIZE, "axes.titlesize": FONT_SIZE + 2, "svg.fonttype": "none"}
+STYLE |= {key: FONT_SIZE - 2 for key in ("legend.fontsize", "xtick.labelsize", "ytick.labelsize")}
+STYLE |= {"axes.spines.top": False, "axes.spines.right": False, "axes.prop_cycle": mpl.cycler(color=SEQUENCE_COLORS)}
+mpl.rcParams.update(STYLE)  # applied when minipaged.viz is imported
 
 
 def fit(width: float, height: float) -> tuple[float, float]:
@@ -47,7 +39,7 @@ def fit(width: float, height: float) -> tuple[float, float]:
 
 
 def new_figure(width: float = 10, height: float = 4, **kwargs) -> tuple[Figure, object]:
-    """A figure and its axes with the project's fonts; not attached to pyplot's global state.
+    """A figure and its axes (``fig.subplots(**kwargs)``), not attached to pyplot's global state.
 
     ``width`` x ``height`` inches, scaled down (aspect kept) to fit a 1280 x 800 screen at 100 dpi.
     """
@@ -64,11 +56,29 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
 
 
 def figure_png(fig: Figure, dpi: int = WIDGET_DPI) -> bytes:
-    """PNG bytes of a figure, for an ``ipywidgets.Image`` that a widget observer updates.
-
-    Keep the default 100 dpi: the figures' text sizes are chosen for it (a lower dpi shrinks text
-    below 12 px).
-    """
+    """PNG bytes of a figure, for an ``ipywidgets.Image`` (keep 100 dpi: text sizes are chosen for it)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     return buf.getvalue()
+
+
+def box(
+    ax, xywh: tuple, ink: Ink, fill: float = 1.0, *, text="", ec=EDGE, lw=1.0, empty="white", hatch=None, gid=None, **kw
+) -> Rectangle:
+    """A block, slot or reservation, ``xywh = (x, y, width, height)``: its left ``fill`` share (0..1) in ``ink``.
+
+    The rest is ``empty`` (a colour, ``hatch``-ed in the ink's colour; None: not drawn), then an
+    outline (``ec``, ``lw``, ``gid``; returned) and ``text`` centred, black with a white halo (``kw``
+    goes to ``ax.text``). The filled and empty parts carry the gids ``"used"`` and ``"empty"``.
+    """
+    x, y, w, h = xywh
+    if fill > 0:
+        ax.add_patch(Rectangle((x, y), w * fill, h, fc=ink.color, hatch=ink.hatch, ec=ink.text, lw=0, gid="used"))
+    if fill < 1 and empty is not None:
+        e = w * (1 - fill)
+        ax.add_patch(Rectangle((x + w - e, y), e, h, fc=empty, hatch=hatch, ec=ink.color, lw=0, gid="empty"))
+    outline = ax.add_patch(Rectangle((x, y), w, h, fill=False, ec=ec, lw=lw, gid=gid))
+    if text:
+        kw = {"fontsize": SMALL + 1, "ha": "center", "va": "center", "path_effects": HALO, **kw}
+        ax.text(x + w / 2, y + h / 2, text, **kw)
+    return outline

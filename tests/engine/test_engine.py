@@ -24,7 +24,7 @@ def assert_pool_clean(llm: LLM) -> None:
         llm.kv_manager.pool.check_invariants()
         assert llm.kv_manager.pool.num_free_blocks == llm.num_blocks
     else:
-        assert llm.kv_manager.cache.reservations() == {}
+        assert llm.kv_manager.arena.reservations() == {}
 
 
 @pytest.fixture(scope="module")

@@ -265,8 +265,10 @@ def test_store_kvcache_rejects_bad_input():
 
 
 def test_backend_uses_the_kernels():
-    from minipaged.attention.backends import get_ops
+    from minipaged.attention.backends import get_backend
+    from minipaged.attention.metadata import PagedMetadata
 
-    ops = get_ops("triton", DEVICE)
-    assert ops.paged_decode_attention is kernels.paged_decode_attention
-    assert ops.store_kvcache is kernels.store_kvcache
+    backend = get_backend("triton", DEVICE)
+    assert isinstance(backend, kernels.TritonBackend) and backend.store_kvcache is kernels.store_kvcache
+    meta = PagedMetadata.build([[0, 1], [2]], starts=[0, 0], q_lens=[5, 3], block_size=4, device=DEVICE)
+    assert backend.plan(meta, 4) == 5  # the prefill grid's longest q_len, planned once per step

@@ -1,20 +1,21 @@
-"""Animations of real engine runs: the events each frame claims are in the snapshots, and the files play.
+"""Animations of real engine runs: the events each frame claims are in the snapshots, each frame is a
+picture of its snapshot alone, and the files matplotlib's FuncAnimation writes play.
 
-The scenarios run the embedded model for ~20-30 steps (fast); only the CLI tests draw, and only
-two frames each.
+The scenarios run the embedded model for ~20-30 steps (fast); the tests draw a few frames each.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import re
 
 import pytest
+from matplotlib.animation import FuncAnimation
 from PIL import Image
 
 from minipaged.__main__ import main
 from minipaged.viz import animate
-from minipaged.viz.frames import build_frames, step_events
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The movies are engine runs drawn frame by frame, and most tests here render one.
@@ -146,30 +147,64 @@ def test_events_from_a_hand_made_pair_of_snapshots():
         ref_cnt=[2, 1, 0, 1, 0, 0],
         cached=[True, False, False, False, False, False],
     )
-    ev = step_events(prev, snap, block_size=8)
+    ev = animate.step_events(prev, snap, block_size=8)
     assert ev.cow == [(0, 1, 3)] and ev.evicted == [3] and not ev.forked and not ev.freed
-    movie = build_frames([prev, snap], block_size=8, num_blocks=6)
+    movie = animate.build_frames([prev, snap], block_size=8, num_blocks=6)
     assert "copy-on-write" in movie.frames[1].caption and "block 3" in movie.frames[1].caption
+
+
+def test_a_frame_is_a_picture_of_its_snapshot_alone(prefix_movie):
+    k = next(i for i, f in enumerate(prefix_movie.frames) if f.events.cow)
+    fig = animate.draw_frame(prefix_movie, 0)
+    animate.draw_frame(prefix_movie, k, fig)  # the same figure, redrawn: nothing of frame 0 stays
+    assert animate.frame_png(prefix_movie, k, fig) == animate.frame_png(prefix_movie, k)
+    frame, texts = prefix_movie.frames[k], [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert frame.caption in [" ".join(t.split()) for t in texts]  # the caption, wrapped
+    _, old, new = frame.events.cow[0]
+    assert f"copy\nof {old}" in texts  # the copy is tagged in the pool
+    assert f"copies on write: {frame.totals['cow_copies']}" in fig.axes[1].texts[0].get_text()
+    assert fig.get_suptitle().endswith(f"(frame {k + 1} of {len(prefix_movie.frames)})")
+
+
+def test_animation_is_a_func_animation_over_the_frames(engine_movie):
+    anim = animate.animation(engine_movie.head(3), fps=2)
+    assert isinstance(anim, FuncAnimation) and anim._interval == 500
+    assert list(anim.new_frame_seq()) == [0, 1, 2] and len(embedded_pngs(anim.to_jshtml())) == 3
+    with pytest.raises(ValueError, match="no frames"):
+        animate.animation(engine_movie.head(0))
 
 
 def test_cli_writes_a_gif(tmp_path, capsys):
     out = tmp_path / "prefix.gif"
-    main(["animate", "prefix", "--out", str(out), "--max-frames", "2"])
-    assert "2 frames" in capsys.readouterr().out
+    main(["animate", "prefix", "--out", str(out), "--max-frames", "3"])
+    assert "3 frames" in capsys.readouterr().out
     with Image.open(out) as im:
-        assert im.format == "GIF" and im.n_frames == 2 and im.size == (animate.WIDTH, animate.HEIGHT)
+        assert im.format == "GIF" and im.n_frames == 3 and im.size == (animate.WIDTH, animate.HEIGHT)
+        pictures = set()
+        for i in range(im.n_frames):
+            im.seek(i)
+            pictures.add(im.convert("RGB").tobytes())
+    assert len(pictures) == 3
+
+
+def embedded_pngs(page: str) -> list[bytes]:
+    """The frames to_jshtml embeds: ``frames[k] = "data:image/png;base64,..."`` (lines continued with a backslash)."""
+    found = re.findall(r'frames\[\d+\] = "data:image/png;base64,([A-Za-z0-9+/=\\\n]+)"', page)
+    return [base64.b64decode(f.replace("\\\n", "")) for f in found]
 
 
 def test_cli_writes_a_self_contained_html_page(tmp_path):
     out = tmp_path / "engine.html"
-    main(["animate", "engine", "--out", str(out), "--max-frames", "2"])
+    main(["animate", "engine", "--out", str(out), "--max-frames", "2", "--fps", "2", "--dpi", "50"])
     page = out.read_text(encoding="utf-8")
-    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page)  # nothing fetched from elsewhere
-    assert "<script src" not in page and "<link" not in page
-    frames = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
-    assert len(set(frames)) == 2
-    assert all(base64.b64decode(f).startswith(PNG_MAGIC) for f in frames)
-    assert "step 1:" in page and "play" in page
+    assert page.startswith("<!DOCTYPE html>") and 'class="animation"' in page  # to_jshtml's player
+    assert re.search(r"new Animation\(frames, img_id, slider_id, 500(\.0)?,", page)  # 2 frames per second
+    assert not re.search(r"https?://", page)  # nothing fetched from elsewhere: it plays offline
+    assert "<script src" not in page and "<link" not in page and ".fa-play::before" in page
+    pngs = embedded_pngs(page)
+    assert len(pngs) == 2 and len(set(pngs)) == 2 and all(p.startswith(PNG_MAGIC) for p in pngs)
+    assert {Image.open(io.BytesIO(p)).size for p in pngs} == {(animate.WIDTH // 2, animate.HEIGHT // 2)}
+    assert len(re.findall(r"<li>step \d+: ", page)) == 2  # the captions, as text
 
 
 def test_render_rejects_an_unknown_format(prefix_movie, tmp_path):
@@ -183,10 +218,10 @@ def test_player_shows_the_frame_the_slider_picks(prefix_movie):
     first = bytes(image.value)
     assert first.startswith(PNG_MAGIC) and slider.max == play.max == 2
     slider.value = 1
-    assert bytes(image.value) != first and bytes(image.value).startswith(PNG_MAGIC)
+    assert bytes(image.value) == animate.frame_png(prefix_movie.head(3), 1) != first
 
 
-def test_inline_html_embeds_the_page(engine_movie):
-    out = animate.inline_html(engine_movie.head(2))
-    frames = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", out.data)
-    assert out.data.startswith("<div><iframe srcdoc=") and len(set(frames)) == 2
+def test_jshtml_is_a_player_for_a_notebook_output(engine_movie):
+    page = animate.jshtml(engine_movie.head(2))  # IPython.display.HTML(page) plays without a kernel
+    assert 'class="animation"' in page and not re.search(r"https?://", page)
+    assert len(embedded_pngs(page)) == 2

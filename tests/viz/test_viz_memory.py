@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
 from minipaged.sim import simulate_contiguous_vs_paged, synthetic_trace
-from minipaged.viz.memory import MemoryMap, draw_fragmentation, draw_memory_map, draw_waste
+from minipaged.viz.memory import draw_fragmentation, draw_memory_map, draw_waste
 from minipaged.viz.palette import CONTIGUOUS_EXACT, CONTIGUOUS_MAX, PAGED
 
 
@@ -45,21 +45,21 @@ def test_memory_map_from_arena(arena):
     assert "15/35 reserved slots hold tokens" in titles(fig) and "25 free in 2 holes (largest 15)" in titles(fig)
 
 
-def test_memory_map_state_from_cache_and_by_hand(arena):
+def test_memory_map_of_a_contiguous_cache():
     cache = ContiguousKVCache(num_layers=1, num_kv_heads=1, head_dim=2, max_seq_len=8, num_slots=20)
     cache.add_sequence("s0")
     cache.add_sequence("s1", reserve=4)
     cache.write(0, "s0", 0, torch.zeros(3, 1, 2), torch.zeros(3, 1, 2))
-    state = MemoryMap.from_cache(cache)
-    assert state == MemoryMap(20, {"s0": (0, 8), "s1": (8, 4)}, {"s0": 3, "s1": 0})
-    assert state.holes() == [(12, 8)] and state.tokens("s0") == 3
-    fig = draw_memory_map(cache, label_min_frac=0.0)  # a cache is read through MemoryMap.from_cache
+    fig = draw_memory_map(cache, label_min_frac=0.0)  # its arena, and its num_tokens as the slots used
     assert len(patches(fig, "used")) == 1 and len(patches(fig, "empty")) == 2 and len(patches(fig, "hole")) == 1
-    assert MemoryMap.from_arena(arena).holes() == arena.holes()
-    fig = draw_memory_map(MemoryMap(20, {0: (5, 5)}, {0: 9}))  # used is clipped to the reservation
-    assert len(patches(fig, "used")) == 1 and len(patches(fig, "empty")) == 0 and len(patches(fig, "hole")) == 2
+    assert [p.get_width() for p in patches(fig, "used")] == [3] and patches(fig, "hole")[0].get_x() == 12
+    assert "3/12 reserved slots hold tokens; 8 free in 1 holes" in titles(fig)
+    arena = FirstFitArena(20)
+    arena.reserve(0, 5)
+    fig = draw_memory_map(arena, used={0: 9})  # used is clipped to the reservation
+    assert len(patches(fig, "used")) == 1 and len(patches(fig, "empty")) == 0 and len(patches(fig, "hole")) == 1
     with pytest.raises(ValueError, match="no slots"):
-        draw_memory_map(MemoryMap(0, {}, {}))
+        draw_memory_map(arena, num_slots=0)
 
 
 def test_waste_bars():

@@ -7,8 +7,8 @@ from minipaged.viz.palette import (
     CONTIGUOUS_MAX,
     PAGED,
     SEQUENCE_COLORS,
-    SERIES,
     SHARED,
+    STATE_COLORS,
     Ink,
     inks_over_time,
     natural_order,
@@ -19,10 +19,11 @@ from minipaged.viz.palette import (
 
 
 def test_every_series_has_one_fixed_colour():
-    assert series_color("paged") == PAGED == SERIES["paged"]
-    assert series_color("contiguous, exact") == CONTIGUOUS_EXACT == SERIES["contiguous, exact"]
+    assert series_color("paged") == series_color("paged, 64 blocks") == PAGED
+    assert series_color("contiguous, exact") == CONTIGUOUS_EXACT
     assert series_color("contiguous, max_seq_len") == series_color("contiguous") == CONTIGUOUS_MAX
-    assert len(set(SERIES.values())) == len(SERIES)  # no two series share a colour
+    assert len({PAGED, CONTIGUOUS_MAX, CONTIGUOUS_EXACT, SHARED}) == 4  # no two series share a colour
+    assert STATE_COLORS["preempted"] == SHARED and STATE_COLORS["decode"] != STATE_COLORS["prefill"]
     assert SHARED not in SEQUENCE_COLORS  # vermillion means "shared", never a sequence
     assert len(set(SEQUENCE_COLORS)) == len(SEQUENCE_COLORS)
 

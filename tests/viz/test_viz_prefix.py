@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from matplotlib.colors import same_color
 from matplotlib.figure import Figure
 
 from minipaged import LLM, SamplingParams
-from minipaged.viz.prefix import draw_cow_steps, draw_savings, draw_shared_pool
-from minipaged.viz.prefix_state import PrefixState, as_state, copies_between, sharing_summary
+from minipaged.viz.palette import SHARED
+from minipaged.viz.pool import PoolState
+from minipaged.viz.prefix import (
+    as_state,
+    copies_between,
+    draw_cow_steps,
+    draw_savings,
+    draw_shared_pool,
+    sharing_summary,
+)
 from minipaged.viz.style import save_figure
 
 BLOCK = 4
@@ -19,8 +28,13 @@ def patches(fig: Figure, gid: str) -> list:
     return [p for ax in fig.axes for p in ax.patches if p.get_gid() == gid]
 
 
-def texts(fig: Figure, gid: str) -> list[str]:
-    return [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == gid]
+def ref_cnts(fig: Figure) -> list[str]:
+    """The ``×n`` written on shared blocks of the pool (tables show block ids only)."""
+    return [t.get_text() for ax in fig.axes for t in ax.texts if t.get_text().startswith("×")]
+
+
+def shared_outlines(fig: Figure, gid: str) -> list:
+    return [p for p in patches(fig, gid) if p.get_linewidth() > 2 and same_color(p.get_edgecolor(), SHARED)]
 
 
 def legend_labels(fig: Figure) -> list[str]:
@@ -66,22 +80,22 @@ def test_draw_shared_pool_marks_shared_blocks_and_their_ref_cnt(shared_snapshot,
     labels = {sid: f"req {k}" for k, sid in enumerate(sorted(snap.block_tables))}
     fig = draw_shared_pool(snap, labels, block_size=BLOCK, hit_rate=0.5, title="three requests")
     assert isinstance(fig, Figure)
-    assert len(patches(fig, "pool_block")) == len(snap.ref_cnt)  # a 16-block pool is drawn whole
+    assert len(patches(fig, "block")) == len(snap.ref_cnt)  # a 16-block pool is drawn whole
     assert len(patches(fig, "table_cell")) == sum(len(t) for t in snap.block_tables.values())
-    assert texts(fig, "ref_cnt") == ["×3", "×3"]
-    assert len(patches(fig, "shared_outline")) == 2 + 3 * 2  # in the pool, and in each of 3 tables
+    assert ref_cnts(fig) == ["×3", "×3"]
+    assert len(shared_outlines(fig, "block")) == 2 and len(shared_outlines(fig, "table_cell")) == 3 * 2
     title = fig.axes[0].get_title(loc="left")
     assert "three requests" in title and "3 sequences" in title and "2 shared blocks" in title
     assert "prefix hit rate 50%" in title
-    assert {"req 0", "req 1", "req 2", "shared: ×n = ref_cnt", "free"} <= set(legend_labels(fig))
+    assert {"req 0", "req 1", "req 2", "shared: ×ref_cnt", "free"} <= set(legend_labels(fig))
     assert_saves(fig, tmp_path, "shared")
 
 
 def test_draw_shared_pool_from_plain_tuples_counts_sharing_from_tables(tmp_path):
     tables = {"A": [7, 3], "B": [7, 9]}
     fig = draw_shared_pool((tables, {"A": 24, "B": 26}, None, None), block_size=16)
-    assert texts(fig, "ref_cnt") == ["×2"]
-    assert len(patches(fig, "pool_block")) == 10  # blocks 0..9: up to the highest id
+    assert ref_cnts(fig) == ["×2"]
+    assert len(patches(fig, "block")) == 10  # blocks 0..9: up to the highest id
     assert "3 blocks in use instead of 4 (25% saved)" in fig.axes[0].get_title(loc="left")
     s = sharing_summary((tables, None), block_size=16)
     assert (s["blocks_in_use"], s["blocks_without_sharing"], s["shared_blocks"], s["tokens_shared"]) == (3, 4, [7], 16)
@@ -89,17 +103,15 @@ def test_draw_shared_pool_from_plain_tuples_counts_sharing_from_tables(tmp_path)
         draw_shared_pool((tables, None, [1, 1], None))  # ref_cnt shorter than the block ids
 
 
-def test_prefix_state_counts_each_block_s_users_once():
-    st = PrefixState.from_tables({0: [7, 3], 1: [7, 9]}, {0: 24, 1: 26})
-    assert list(st.tables) == ["seq 0", "seq 1"] and st.keys == {"seq 0": 0, "seq 1": 1}
-    assert st.users == {7: 2, 3: 1, 9: 1}
+def test_a_state_from_tables_counts_each_block_s_users_once():
+    st = as_state(({0: [7, 3], 1: [7, 9]}, {0: 24, 1: 26}))
+    assert list(st.tables) == ["seq 0", "seq 1"] and st.owners == {7: ["seq 0", "seq 1"], 3: ["seq 0"], 9: ["seq 1"]}
     assert st.ref_cnt == [0, 0, 0, 1, 0, 0, 0, 2, 0, 1]  # no ref_cnt given: counted from the tables
-    assert st.shared_blocks() == {7} and st.owner(9) == "seq 1" and st.owner(0) is None
-    assert st.fill("seq 0", 1, 16) == 0.5 and st.block_fill(16)[9] == 10 / 16
-    with_ref = PrefixState.from_tables({"A": [1]}, ref_cnt=[3, 2], labels=["a"])
+    assert st.shared_blocks() == {7} and st.block_fill(16) == {7: 1.0, 3: 0.5, 9: 10 / 16}
+    with_ref = PoolState.from_tables({"A": [1]}, ref_cnt=[3, 2], labels=["a"])
     assert with_ref.shared_blocks() == {0, 1} and with_ref.num_tokens == {"a": -1}  # -1: unknown, drawn full
     with pytest.raises(ValueError, match="distinct"):
-        PrefixState.from_tables({0: [1], 1: [2]}, labels=["x", "x"])
+        PoolState.from_tables({0: [1], 1: [2]}, labels=["x", "x"])
     assert as_state(st) is st
 
 
@@ -117,8 +129,8 @@ def test_long_tables_collapse_shared_runs_and_big_pools_are_cut():
     ref_cnt = [3] * 20 + [1, 1, 1] + [0] * 200
     fig = draw_shared_pool((tables, {k: 81 for k in tables}, ref_cnt, None), block_size=4)
     assert len(patches(fig, "table_run")) == 3 and len(patches(fig, "table_cell")) == 3
-    assert len(patches(fig, "pool_block")) < 60  # up to the last block in use, plus a row
-    assert texts(fig, "ref_cnt") == ["×3"] * 20
+    assert len(patches(fig, "block")) < 60  # up to the last block in use, plus a row
+    assert ref_cnts(fig) == ["×3"] * 20
 
 
 @pytest.mark.slow
@@ -131,7 +143,7 @@ def test_draw_cow_steps_draws_one_arrow_per_copy(cow_frames, tmp_path):
     assert isinstance(fig, Figure) and len(fig.axes) == 3
     assert len(patches(fig, "copy_arrow")) == 2
     assert [ax.get_title(loc="left") for ax in fig.axes] == ["fork", "copy", "later"]
-    assert texts(fig, "ref_cnt")[:2] == ["×3", "×3"]  # frame 0: both prompt blocks shared by 3 samples
+    assert ref_cnts(fig)[:2] == ["×3", "×3"]  # frame 0: both prompt blocks shared by 3 samples
     assert "copy-on-write copy" in legend_labels(fig)
     default = draw_cow_steps(cow_frames[:2], labels, block_size=BLOCK)
     assert "copy-on-write" in default.axes[1].get_title(loc="left")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import matplotlib
 import pytest
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from minipaged import LLM, SamplingParams
 from minipaged.viz.palette import CONTIGUOUS_MAX, PAGED
@@ -17,7 +16,6 @@ from minipaged.viz.scheduler import (
     draw_timeline,
     during_steps,
     seq_names,
-    timeline_states,
 )
 from minipaged.viz.style import save_figure
 
@@ -71,26 +69,25 @@ def test_draw_step_panels(run, tmp_path):
     names = seq_names(snaps)
     snap = next(s for s in snaps if s.preempted)
     fig = draw_step(snap, block_size=4, names=names)
-    assert isinstance(fig, Figure) and len(fig.axes) == 4
-    ax_queues, ax_sched, ax_tables, ax_pool = fig.axes
+    assert isinstance(fig, Figure) and len(fig.axes) == 3
+    ax_tables, ax_queues, ax_pool = fig.axes
     assert "preemption" in fig.get_suptitle()
-    # queues: one box per waiting and running sequence; the preempted one is outlined in red
-    boxes = [p for p in ax_queues.patches if isinstance(p, Rectangle)]
-    assert len(boxes) == len(snap.waiting) + len(snap.running)
-    assert any(p.get_linewidth() > 3 for p in boxes)
-    running = {matplotlib.colors.to_hex(p.get_facecolor()) for p in boxes[len(snap.waiting) :]}
-    assert len(running) == len(snap.running)  # running sequences never share a colour
-    sched_text = " ".join(t.get_text() for t in ax_sched.texts)
+    # block tables: one row per sequence of the step, its blocks, then what it did
+    rows = [t.get_text() for t in ax_tables.texts]
     for d in snap.scheduled:
-        assert f"{names[d['seq_id']]}: {d['kind']}" in sched_text
-    assert f"{names[snap.preempted[0]]}: preempted" in sched_text
-    # block tables: one outline per block of every live sequence
-    outlines = [p for p in ax_tables.patches if p.get_facecolor()[:3] == (1.0, 1.0, 1.0)]
-    assert len(outlines) == sum(len(t) for t in snap.block_tables.values())
+        assert names[d["seq_id"]] in rows and any(r.startswith(d["kind"]) for r in rows)
+    assert names[snap.preempted[0]] in rows and "preempted: blocks freed" in rows
+    cells = [p for p in ax_tables.patches if p.get_gid() == "table_cell"]
+    assert len(cells) == sum(len(t) for t in snap.block_tables.values())
+    fills = {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax_tables.patches if p.get_gid() == "used"}
+    assert len(fills) == len(snap.block_tables)  # sequences alive together never share a colour
+    queues = ax_queues.texts[0].get_text()
+    assert f"running: {' '.join(names[s] for s in snap.running)}" in queues
+    assert f"free blocks: {snap.num_free_blocks} of 8" in queues
     # pool: one box per block, labelled with its id
-    assert len(ax_pool.patches) == 8
-    assert sorted(int(t.get_text()) for t in ax_pool.texts) == list(range(8))
-    assert ax_pool.get_title(loc="left") == f"pool: 8 blocks, {snap.num_free_blocks} free"
+    assert len([p for p in ax_pool.patches if p.get_gid() == "block"]) == 8
+    assert {str(b) for b in range(8)} <= {t.get_text() for t in ax_pool.texts}
+    assert ax_pool.get_title(loc="left") == f"pool: 8 blocks, {snap.ref_cnt.count(0)} free"
     _saves(fig, tmp_path, "step")
     # a quiet step draws too, without the preemption banner
     quiet = draw_step(snaps[-1])
@@ -98,18 +95,31 @@ def test_draw_step_panels(run, tmp_path):
 
 
 @pytest.mark.slow
+def test_draw_step_as_an_animation_frame(run):
+    snaps, *_ = run
+    fig = draw_step(snaps[0])  # drawn again into the same figure: nothing of the first picture stays
+    usage = [(s.step, 8 - s.num_free_blocks) for s in snaps]
+    draw_step(snaps[1], 4, fig=fig, caption="step 2: hello", tags={0: "new"}, notes=["totals: 0"], usage=usage)
+    assert len(fig.axes) == 5 and fig.axes[-1].get_title(loc="left") == "blocks in use"
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "step 2: hello" in texts and "new" in texts and "totals: 0" in fig.axes[1].texts[0].get_text()
+    (line,) = fig.axes[-1].lines
+    assert list(line.get_xdata()) == [snaps[0].step, snaps[1].step]  # blocks in use up to this step
+    assert fig.axes[-1].get_xlim() == (snaps[0].step - 0.5, snaps[-1].step + 0.5)  # the whole run's steps
+
+
+@pytest.mark.slow
 def test_timeline_rows_and_states(run, tmp_path):
     snaps, *_ = run
-    states, finished = timeline_states(snaps)
-    assert len(states) == 4 and len(finished) == 4
-    assert {st for per in states.values() for st in per.values()} <= set(STATE_COLORS)
     fig = draw_timeline(snaps)
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()] == ["R3", "R2", "R1", "R0"]  # bottom to top
     preempted_runs = [p for p in ax.patches if p.get_hatch() == "xx"]
     assert len(preempted_runs) == sum(len(s.preempted) for s in snaps)  # each preemption lasts one step
+    faces = {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches}
+    assert faces <= {matplotlib.colors.to_hex(c) for c in STATE_COLORS.values()}
     (markers,) = ax.lines
-    assert len(markers.get_xdata()) == 4
+    assert len(markers.get_xdata()) == 4  # every request finished, each at the end of its last step
     legend_labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert {"waiting", "prefill", "decode", "preempted", "finished"} <= set(legend_labels)
     _saves(fig, tmp_path, "timeline")

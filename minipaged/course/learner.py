@@ -1,0 +1,111 @@
+"""A learner's copy of the course: ``python -m minipaged course OUT_DIR``.
+
+The committed notebooks keep their outputs, so that they read well on the web; a learner who
+opens them sees every answer before predicting it. The copy written here has:
+
+- ``notebooks/``: every notebook with its outputs, execution counts and saved widget state
+  stripped (by nbstripout, the tool most Jupyter projects use for this), and every guess cell
+  reset to ``my_guess = None``, its comment kept;
+- ``exercises/``: the exercise files as they are in the repository (stubs whose bodies raise
+  ``NotImplementedError``) and the checker. The checks and the reference solutions stay in the
+  repository's ``tests/exercises/``: ``python -m exercises stageN`` run in the copy finds the
+  checks there, through the installed package.
+
+Nothing is overwritten: the output folder must not exist yet, or be empty.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
+
+REPO = Path(__file__).resolve().parents[2]
+GUESS = "my_guess"
+README = """# Your copy of the minipaged course
+
+Made by `python -m minipaged course` from {repo}.
+
+- `notebooks/`: open them with `jupyter lab notebooks/` (as root: `jupyter lab --allow-root notebooks/`).
+  Run the cells from the top. Where a cell says `my_guess = None`, write your guess before running the
+  cell after it: it prints "you predicted X; it is Y", and the folded *Why* below says why.
+- `exercises/`: write the exercises of each notebook in `exercises/stageN_*.py`, then check them from
+  this folder with `python -m exercises stage0` (`stage1`, ...).
+
+Links in the notebooks to the package's code and docs point into the repository: {repo}.
+"""
+
+
+def is_guess_cell(cell: NotebookNode) -> bool:
+    """A code cell that only assigns ``my_guess``."""
+    if cell.cell_type != "code":
+        return False
+    try:
+        body = ast.parse(cell.source).body
+    except SyntaxError:
+        return False
+    return (
+        len(body) == 1
+        and isinstance(body[0], ast.Assign)
+        and [getattr(t, "id", None) for t in body[0].targets] == [GUESS]
+    )
+
+
+def blank_guess(source: str) -> str:
+    """``my_guess = <anything>  # comment`` -> ``my_guess = None  # comment`` (the comment says what to guess)."""
+    assign = ast.parse(source).body[0]
+    end_line, end_col = assign.end_lineno, assign.end_col_offset
+    assert end_line is not None and end_col is not None  # ast.parse sets them on every statement
+    tail = source.splitlines()[end_line - 1][end_col:]
+    return f"{GUESS} = None{tail}"
+
+
+def learner_notebook(path: Path) -> NotebookNode:
+    """The notebook at ``path`` as a learner should get it: no outputs, blank guesses."""
+    import nbformat
+    from nbstripout import strip_output
+
+    nb = nbformat.read(path, as_version=4)
+    # nbstripout's own defaults, as its command line applies them: saved widget state, signatures
+    # and per-cell execution timings go too.
+    extra = [
+        "metadata.signature",
+        "metadata.widgets",
+        "cell.metadata.collapsed",
+        "cell.metadata.ExecuteTime",
+        "cell.metadata.execution",
+        "cell.metadata.heading_collapsed",
+        "cell.metadata.hidden",
+        "cell.metadata.scrolled",
+    ]
+    nb = strip_output(nb, keep_output=False, keep_count=False, keep_id=True, extra_keys=extra)
+    for cell in nb.cells:
+        if is_guess_cell(cell):
+            cell.source = blank_guess(cell.source)
+    return nb
+
+
+def make_learner_copy(out_dir: Path, repo: Path = REPO) -> list[Path]:
+    """Write ``out_dir/notebooks`` and ``out_dir/exercises`` for a learner; returns the files written."""
+    import nbformat
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} is not empty: name a new folder for the learner's copy")
+    written = []
+    (out_dir / "notebooks").mkdir(parents=True, exist_ok=True)
+    for path in sorted((repo / "notebooks").glob("[0-9]*.ipynb")):
+        target = out_dir / "notebooks" / path.name
+        nbformat.write(learner_notebook(path), target)
+        written.append(target)
+    shutil.copytree(
+        repo / "exercises", out_dir / "exercises", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "solutions")
+    )
+    written += sorted(p for p in (out_dir / "exercises").rglob("*") if p.is_file())
+    readme = out_dir / "README.md"
+    readme.write_text(README.format(repo=repo), encoding="utf-8")
+    return [*written, readme]

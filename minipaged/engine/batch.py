@@ -1,0 +1,67 @@
+"""What the scheduler decides for one step, and what the runner hands back.
+
+:class:`ScheduledBatch` is the whole of a step's work, so that the model runner needs nothing
+else: which sequences compute how many new tokens (and where their K/V go: ``block_tables``),
+which rows sample, and the block moves to make before the forward — copy-on-write copies
+(``blocks_to_copy``), and K/V going to or coming from host memory (``blocks_to_swap_out``,
+``blocks_to_swap_in``). :class:`SamplerOutput` is what the runner returns: one token per
+sampling row, or for a beam, its most likely tokens with their log-probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from minipaged.engine.sequence import Sequence
+
+
+@dataclass
+class ScheduledBatch:
+    """Row ``i`` computes ``q_lens[i]`` new tokens of ``seqs[i]`` from position ``starts[i]``;
+    its blocks are ``block_tables[i]`` (of ``block_size`` slots each).
+
+    ``samples``: ``(row, seq)`` for every sequence that samples its next token from that row's
+    logits: a sequence whose step reaches its last token, and the forked samples of a prompt that
+    just finished (they share their parent's row). ``preempted``: sequences that lost their
+    blocks this step (to recompute), and ``swapped_out`` those moved to host memory.
+    """
+
+    block_size: int = 1
+    seqs: list[Sequence] = field(default_factory=list)
+    q_lens: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    block_tables: list[Seq[int]] = field(default_factory=list)
+    decode: list[bool] = field(default_factory=list)
+    samples: list[tuple[int, Sequence]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) device blocks
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
+    preempted: list[Sequence] = field(default_factory=list)
+    swapped_out: list[Sequence] = field(default_factory=list)
+    swapped_in: list[Sequence] = field(default_factory=list)
+    rng_states: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
+
+    def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int]) -> None:
+        row = len(self.seqs)
+        self.seqs.append(seq)
+        self.q_lens.append(num_tokens)
+        self.starts.append(seq.num_computed_tokens)
+        self.block_tables.append(block_table)
+        self.decode.append(seq.is_decode(num_tokens))
+        if seq.num_computed_tokens + num_tokens == len(seq):  # reaches its last token: it samples
+            for s in [seq, *seq.pending_samples]:
+                self.samples.append((row, s))
+                if s.generator is not None:  # kept so that a failed step can give the draw back
+                    self.rng_states.append((s.generator, s.generator.get_state()))
+
+
+@dataclass
+class SamplerOutput:
+    """``token_ids[i]``: the token drawn for ``samples[i]``; ``candidates[i]``: for a beam, its
+    ``2 x beam_width`` most likely tokens as ``(token, logprob)``, most likely first."""
+
+    token_ids: list[int] = field(default_factory=list)
+    candidates: dict[int, list[tuple[int, float]]] = field(default_factory=dict)

@@ -1,0 +1,108 @@
+"""Stage 0 inside the engine: each admitted sequence reserves one contiguous run of slots.
+
+This is how serving systems before PagedAttention held KV memory, and the paper's baselines
+(Orca, §6) differ only in how much they reserve, ``contiguous_reserve``:
+
+- ``"max"`` (Orca (Max)): ``max_model_len`` slots, whatever the request;
+- ``"pow2"`` (Orca (Pow2)): the next power of two of prompt + ``max_tokens``;
+- ``"oracle"`` (Orca (Oracle)): exactly prompt + ``max_tokens``, as if the length were known.
+
+The reservations live in stage 0's first-fit arena of ``num_slots`` slots; the cache tensors are
+a paged pool of one-slot blocks, so a sequence's "block table" is the run ``start, start + 1,
+...`` and the same attention reads both layouts. Nothing is shared, nothing is preempted (a
+reservation covers the whole sequence), so forking and swapping are not offered.
+"""
+
+from __future__ import annotations
+
+from minipaged.engine.config import RESERVE_POLICIES
+from minipaged.engine.sequence import Sequence
+from minipaged.kv.contiguous import FirstFitArena, ReservationExceededError
+
+
+def reservation(num_tokens: int, max_model_len: int, policy: str) -> int:
+    """Slots a sequence of at most ``num_tokens`` tokens (prompt + ``max_tokens``) reserves."""
+    if policy == "max":
+        return max_model_len
+    if policy == "pow2":
+        return min(1 << max(num_tokens - 1, 0).bit_length(), max_model_len)
+    return num_tokens
+
+
+class ContiguousKVManager:
+    can_fork = False
+    table_block_size = 1
+
+    def __init__(self, num_slots: int, block_size: int, max_model_len: int, policy: str = "max") -> None:
+        if policy not in RESERVE_POLICIES:
+            raise ValueError(f"contiguous_reserve must be one of {RESERVE_POLICIES}, got {policy!r}")
+        self.arena = FirstFitArena(num_slots)
+        self.block_size = block_size  # only to report free memory in blocks, like the paged pool
+        self.max_model_len = max_model_len
+        self.policy = policy
+        self.peak_slots_allocated = 0
+
+    def size_of(self, seq: Sequence) -> int:
+        return reservation(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len, self.policy)
+
+    def block_ids(self, seq: Sequence, num_tokens: int) -> range:
+        start, size = self.arena.span(seq.seq_id)
+        if num_tokens > size:
+            raise ReservationExceededError(f"sequence {seq.seq_id} needs {num_tokens} slots but reserved {size}")
+        return range(start, start + num_tokens)
+
+    def refuse(self, num_tokens: int, num_seqs: int) -> str | None:
+        """Why a sequence of up to ``num_tokens`` tokens could never fit, or None."""
+        size = reservation(num_tokens, self.max_model_len, self.policy)
+        if size > self.arena.num_slots:
+            return f"reserves {size} slots ({self.policy}) but the cache has {self.arena.num_slots}"
+        return None
+
+    def match_prefix(self, seq: Sequence) -> int:
+        return 0
+
+    def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool:
+        new = [s for s in unit if s.seq_id not in self.arena]
+        return not new or (len(new) == 1 and self.arena.largest_hole >= self.size_of(new[0]))
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        if seq.seq_id not in self.arena:
+            self.arena.reserve(seq.seq_id, self.size_of(seq))
+        return []
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        raise NotImplementedError("a contiguous cache cannot share: each sample is its own sequence from the start")
+
+    def free(self, seq: Sequence) -> None:
+        if seq.seq_id in self.arena:
+            self.arena.free(seq.seq_id)
+
+    def can_swap_out(self, unit: list[Sequence]) -> bool:
+        return False
+
+    def swap_out(self, unit: list[Sequence]) -> list[tuple[int, int]]:
+        raise NotImplementedError("a contiguous reservation is never preempted")
+
+    def can_swap_in(self, unit: list[Sequence], plan: list[int]) -> bool:
+        return False
+
+    def swap_in(self, unit: list[Sequence]) -> list[tuple[int, int]]:
+        raise NotImplementedError("a contiguous reservation is never preempted")
+
+    def mark_written(self) -> None:
+        self.peak_slots_allocated = max(self.peak_slots_allocated, self.slots_allocated())
+
+    def drop_unwritten(self) -> None:
+        pass
+
+    def tokens_held(self, live: list[Sequence]) -> int:
+        return sum(s.num_computed_tokens for s in live if s.seq_id in self.arena)
+
+    def slots_allocated(self) -> int:
+        return self.arena.num_slots - self.arena.free_slots
+
+    def stats(self) -> dict:
+        return dict(num_free_blocks=self.arena.free_slots // self.block_size, swapped_out_blocks=0, swapped_in_blocks=0)
+
+    def pool_view(self) -> None:
+        return None

@@ -1,0 +1,181 @@
+"""A failed step leaves no trace: whatever raises inside ``step()``, a later ``step()`` or
+``abort_request()`` gives every request the tokens it would have had, and every block comes back.
+
+The three regression tests rebuild, on purpose, the three ways a failure used to corrupt the
+engine; the random test injects thousands of faults into random workloads and checks the pool,
+the cached K/V and every output after every step.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from faults import Boom, check_cached_kv, check_pool, fail_in_layer, fail_in_sampling
+
+from minipaged import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+
+def alone(llm_args: dict, model, prompt, params) -> list[list[int]]:
+    llm = LLM(model, **llm_args)
+    return [o.token_ids for o in llm.generate([prompt], params, use_tqdm=False)[0].outputs]
+
+
+def drain(llm: LLM) -> None:
+    while llm.has_unfinished_requests():
+        llm.step()
+        check_pool(llm)
+
+
+def tokens_of(llm: LLM, rid: int) -> list[list[int]]:
+    return [o.token_ids for o in llm._output(rid).outputs]
+
+
+def test_interrupted_sampling_is_given_back():
+    """Ctrl-C in sampling used to leave the step's tokens counted as computed: the request then
+    sampled another row's logits ([80, 95, 80, 56, 80] instead of [76] * 5)."""
+    llm = LLM(num_kvcache_blocks=64, block_size=4)
+    a = llm.add_request([10, 20, 30, 40, 50], GREEDY)
+    fail_in_sampling(llm, after_draw=False, exc=KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        llm.step()
+    assert llm.failed_request_ids == [a]
+    b = llm.add_request([60, 70, 80, 90], GREEDY)
+    drain(llm)
+    args = dict(num_kvcache_blocks=64, block_size=4)
+    assert tokens_of(llm, a) == alone(args, None, [10, 20, 30, 40, 50], GREEDY) == [[76] * 5]
+    assert tokens_of(llm, b) == alone(args, None, [60, 70, 80, 90], GREEDY)
+    assert llm.kv_manager.pool.num_free_blocks == 64
+
+
+@pytest.mark.parametrize("then", ["retry", "abort the publisher"])
+def test_no_prefix_hit_survives_on_blocks_a_failed_step_never_wrote(tiny_model_dir, then):
+    """P publishes its prompt's blocks and S, admitted in the same step, hits them; the step fails."""
+    args = dict(max_model_len=64, block_size=4, num_kvcache_blocks=32, enable_prefix_caching=True)
+    llm = LLM(tiny_model_dir, **args)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5]
+    p, s = llm.add_request(prompt, GREEDY), llm.add_request(prompt, GREEDY)
+    fail_in_layer(llm, layer=1, after_store=True)
+    with pytest.raises(Boom):
+        llm.step()
+    sharer = llm._requests[s].seqs[0]
+    assert sharer.num_cached_tokens == 8  # the failed step had S hit P's two fresh blocks
+    assert sharer.num_computed_tokens == 0 and not sharer.block_table.block_ids
+    assert llm.kv_stats()["cached_blocks"] == 0  # withdrawn
+    if then == "abort the publisher":
+        llm.abort_request(p)
+    drain(llm)
+    want = alone(args, tiny_model_dir, prompt, GREEDY)
+    assert tokens_of(llm, s) == want
+    if then == "retry":
+        assert tokens_of(llm, p) == want
+    assert llm.kv_manager.pool.num_free_blocks == 32
+
+
+def test_no_copy_on_write_is_replayed_from_a_block_that_changed(tiny_model_dir):
+    """a (n=2) owes a copy of its shared tail T; in the same schedule T's other holder is
+    preempted, T goes to B, and the failing forward writes B's layer-0 K/V into T."""
+    args = dict(max_model_len=64, block_size=4, num_kvcache_blocks=5, max_num_seqs=4)
+    llm = LLM(tiny_model_dir, **args)
+    two = SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=4, ignore_eos=True)
+    a = llm.add_request([5, 6, 7, 8, 9, 10], two)  # 2 blocks, the second half full: shared after the fork
+    b = llm.add_request([11, 12, 13, 14, 15, 16, 17, 18], GREEDY)  # 2 full blocks: needs a third next step
+    llm.step()  # both prefilled; a forks
+    seq_b, seen = llm._requests[b].seqs[0], []
+    run = llm.runner.run
+
+    def recording_run(batch):
+        seen.append(
+            (list(batch.blocks_to_copy), [q.sample_index for q in batch.preempted], seq_b.block_table.block_ids[-1])
+        )
+        return run(batch)
+
+    llm.runner.run = recording_run
+    fail_in_layer(llm, layer=1, after_store=True)
+    with pytest.raises(Boom):
+        llm.step()
+    del llm.runner.run
+    ((src, _),), preempted, b_last = seen[0]
+    assert preempted == [1] and b_last == src  # a's sample 1 lost its blocks, and the copy's source went to B
+    assert sorted(llm.failed_request_ids) == [a, b]
+    drain(llm)
+    assert tokens_of(llm, a) == alone(args, tiny_model_dir, [5, 6, 7, 8, 9, 10], two)
+    assert tokens_of(llm, b) == alone(args, tiny_model_dir, [11, 12, 13, 14, 15, 16, 17, 18], GREEDY)
+    assert llm.kv_manager.pool.num_free_blocks == 5
+
+
+def random_request(rng: random.Random, prefixes: list[list[int]]) -> tuple[list[int], SamplingParams]:
+    prompt = rng.choice(prefixes)[: rng.randint(0, 12)] + [rng.randrange(97) for _ in range(rng.randint(1, 10))]
+    if rng.random() < 0.5:
+        return prompt, SamplingParams(temperature=0, max_tokens=rng.randint(1, 8), ignore_eos=True)
+    n = rng.randint(1, 3)
+    return prompt, SamplingParams(
+        temperature=1.0, top_k=20, seed=rng.randrange(1000), n=n, max_tokens=rng.randint(1, 8)
+    )
+
+
+def inject(llm: LLM, rng: random.Random, layers: int) -> None:
+    kind = rng.random()
+    exc = KeyboardInterrupt if rng.random() < 0.3 else Boom
+    if kind < 0.6:
+        fail_in_layer(llm, rng.randrange(layers), after_store=rng.random() < 0.5, exc=exc)
+    else:
+        fail_in_sampling(llm, after_draw=rng.random() < 0.5, exc=exc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(num_kvcache_blocks=12, block_size=4),
+        dict(num_kvcache_blocks=14, block_size=4, enable_prefix_caching=True, max_num_batched_tokens=9),
+        dict(num_kvcache_blocks=10, block_size=3, preemption_mode="swap", swap_space=6 * 2 * 2 * 3 * 2 * 16 * 4),
+        dict(num_kvcache_blocks=16, block_size=5, enable_prefix_caching=True, preemption_mode="swap"),
+        dict(num_kvcache_blocks=24, block_size=4, kv_layout="contiguous", contiguous_reserve="oracle"),
+    ],
+)
+def test_random_faults_leave_no_trace(tiny_model_dir, config):
+    """Random workloads, a fault in about one step in four; retry or abort after each. Checked
+    after every step: the pools; every few steps: the cached K/V; at the end: every request
+    that was not aborted has the tokens it has when run alone."""
+    rng = random.Random(hash(tuple(sorted(config.items()))) % 1000)
+    args = dict(max_model_len=64, max_num_seqs=6, **config)
+    llm = LLM(tiny_model_dir, **args)
+    layers = llm.model.config.num_hidden_layers
+    prefixes = [[rng.randrange(97) for _ in range(12)] for _ in range(3)]
+    requests: dict[int, tuple[list[int], SamplingParams]] = {}
+    aborted: set[int] = set()
+    steps = faults = checked = 0
+    while steps < 600:
+        if (rng.random() < 0.3 or not llm.has_unfinished_requests()) and len(requests) < 250:
+            prompt, params = random_request(rng, prefixes)
+            requests[llm.add_request(prompt, params)] = (prompt, params)
+        if not llm.has_unfinished_requests():
+            break
+        if rng.random() < 0.25:
+            inject(llm, rng, layers)
+            with pytest.raises((Boom, KeyboardInterrupt)):
+                llm.step()
+            faults += 1
+            if rng.random() < 0.3:
+                victims = llm.failed_request_ids or list(requests)
+                gone = rng.choice(victims)
+                llm.abort_request(gone)
+                aborted.add(gone)
+        else:
+            llm.step()
+        steps += 1
+        check_pool(llm)
+        if steps % 5 == 0:
+            checked += check_cached_kv(llm)
+    drain(llm)
+    assert steps == 600 and faults > 100 and checked > 500
+    free = llm.kv_manager.pool.num_free_blocks if hasattr(llm.kv_manager, "pool") else None
+    assert free in (None, llm.num_blocks)
+    solo = LLM(tiny_model_dir, **args)
+    for rid, (prompt, params) in requests.items():
+        if rid not in aborted:
+            got = tokens_of(llm, rid)
+            assert got == [o.token_ids for o in solo.generate([prompt], params, use_tqdm=False)[0].outputs], rid
