@@ -98,6 +98,7 @@ def plant(kernel: str, edits: list[tuple[str, str]], folder) -> object:
     return harness.load_file(path, f"planted_{STEM}_{folder.name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_planted_bug_fails_with_a_pointing_message(bug, tmp_path):
     kernel, edits, says = BUGS[bug]
