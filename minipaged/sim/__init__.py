@@ -6,6 +6,8 @@ from minipaged.sim.replay import (
     ContiguousState,
     PagedReplay,
     PagedState,
+    next_power_of_two,
+    replay,
     replay_steps,
     simulate_contiguous_vs_paged,
 )
@@ -17,6 +19,8 @@ __all__ = [
     "PagedReplay",
     "PagedState",
     "TraceRequest",
+    "next_power_of_two",
+    "replay",
     "replay_steps",
     "simulate_contiguous_vs_paged",
     "synthetic_trace",
