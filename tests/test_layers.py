@@ -37,8 +37,8 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-# Outside the core: drawing, benchmarks, the command line and the training script.
-NOT_CORE = ("minipaged.viz", "minipaged.bench", "minipaged.__main__", "minipaged.tiny.train")
+# Outside the core: drawing, benchmarks, the paper's figures, the command line and the training script.
+NOT_CORE = ("minipaged.viz", "minipaged.bench", "minipaged.paper", "minipaged.__main__", "minipaged.tiny.train")
 
 # (name, importers the rule applies to, modules they must not import, importers exempted)
 RULES = [

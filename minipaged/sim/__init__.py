@@ -1,5 +1,6 @@
 """Simulation without a model: seeded request traces (:mod:`.traces`) and the memory-only
-replay of stages 0-2 (:mod:`.replay`), as per-step series or as the memory's state step by step."""
+replay of stages 0-2 (:mod:`.replay`), as per-step series or as the memory's state step by step
+(:mod:`.states`)."""
 
 from minipaged.sim.replay import (
     ContiguousReplay,

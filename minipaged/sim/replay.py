@@ -10,12 +10,9 @@ Two ways in, one loop underneath:
 - :func:`replay_steps` replays it through one system, a :class:`ContiguousReplay` or a
   :class:`PagedReplay`, and yields that system's state after every step (for pictures of the
   memory at a given step): a :class:`ContiguousState` or a :class:`PagedState`;
-- :func:`replay` runs one system to the end and returns it, its per-step ``series`` filled
-  (for long traces: no state is copied).
+- :func:`replay` runs one system to the end and returns it with its per-step ``series``.
 
-The contiguous reservations are the PagedAttention paper's baselines: Orca (Max) reserves
-``max_seq_len`` per request, Orca (Pow2) the next power of two of prompt + output, Orca
-(Oracle) exactly prompt + output.
+The contiguous reservation rules are the PagedAttention paper's baselines (Orca (Max), (Pow2), (Oracle)).
 """
 
 from __future__ import annotations
@@ -24,63 +21,30 @@ import copy
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 from minipaged.kv.block_pool import BlockPool, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ArenaFullError, FirstFitArena
+from minipaged.sim.states import ContiguousState, PagedState, ReplayState
 from minipaged.sim.traces import TraceRequest
 from minipaged.utils import cdiv
 
 RESERVE_POLICIES = ("max", "pow2", "exact")
+SERIES = (  # what a replay records, one value per step
+    "running",
+    "admitted",
+    "finished",
+    "queue_len",
+    "used_slots",
+    "allocated_slots",
+    "future_slots",
+    "external_fragmentation",
+)
 
 
 def next_power_of_two(n: int) -> int:
     """The smallest power of two >= ``n`` (``n >= 1``)."""
     return 1 << (n - 1).bit_length()
-
-
-@dataclass(frozen=True)
-class ReplayState:
-    """What a replayed memory system looks like after step ``step``. A copy: later steps do not change it.
-
-    ``running`` in admission order, ``waiting`` head of the queue first (request ids);
-    ``tokens`` maps each running request to the tokens it holds; ``finished`` and
-    ``preemptions`` count since the start.
-    """
-
-    step: int
-    running: tuple[int, ...]
-    waiting: tuple[int, ...]
-    tokens: dict[int, int]
-    finished: int
-    preemptions: int
-
-
-@dataclass(frozen=True)
-class ContiguousState(ReplayState):
-    """Stage 0 after a step: ``arena`` is a copy of the slot arena (request id -> ``(start, size)``
-    in ``arena.reservations()``); ``held_back`` says whether the head of the queue waits although
-    the free slots add up to enough for it — it waits for a hole, not for memory."""
-
-    arena: FirstFitArena
-    held_back: bool
-
-
-@dataclass(frozen=True)
-class PagedState(ReplayState):
-    """Stages 1-2 after a step: ``ref_cnt`` per block, ``free_order`` the free queue (front first,
-    handed out next), ``block_tables`` request id -> its block ids in logical order."""
-
-    block_size: int
-    ref_cnt: tuple[int, ...]
-    free_order: tuple[int, ...]
-    block_tables: dict[int, tuple[int, ...]]
-
-    @property
-    def owners(self) -> dict[int, int]:
-        """block id -> the request holding it (the replay never shares a block)."""
-        return {block_id: rid for rid, table in self.block_tables.items() for block_id in table}
 
 
 class Replay(ABC):
@@ -100,19 +64,7 @@ class Replay(ABC):
         self.finished = 0
         self.preemptions = 0
         self.num_steps = 0
-        self.series: dict[str, list[float]] = {
-            k: []
-            for k in (
-                "running",
-                "admitted",
-                "finished",
-                "queue_len",
-                "used_slots",
-                "allocated_slots",
-                "future_slots",
-                "external_fragmentation",
-            )
-        }
+        self.series: dict[str, list[float]] = {name: [] for name in SERIES}
 
     @property
     def busy(self) -> bool:
