@@ -1,4 +1,4 @@
-"""Command line: ``python -m minipaged demo | eval | bench {memory,kernels,engine,prefix}``."""
+"""Command line: ``python -m minipaged demo | eval | bench {memory,kernels,engine,prefix} | animate | paper``."""
 
 from __future__ import annotations
 
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--out", required=True, help="the file to write: .gif, or .html (self-contained, plays offline)")
     a.add_argument("--fps", type=float, default=1.5, help="frames (engine steps) per second")
     a.add_argument("--max-frames", type=int, default=None, help="stop after this many frames")
+    r = sub.add_parser("paper", help="the PagedAttention paper's results beside ours (docs/paper.md)")
+    importlib.import_module("minipaged.paper.cli").add_arguments(r)
     args = p.parse_args(argv)
     if args.cmd == "demo":
         demo(args)
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         from minipaged.viz import animate
 
         animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames)
+    elif args.cmd == "paper":
+        importlib.import_module("minipaged.paper.cli").main(args)
     else:
         importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
 
