@@ -93,6 +93,9 @@ def machine() -> dict:
     }
 
 
-def load(path: str | Path) -> dict:
-    """A saved result, as the dict :meth:`PaperResult.to_dict` wrote."""
-    return json.loads(Path(path).read_text())
+def load(folder: str | Path, name: str) -> dict | None:
+    """The saved result ``NAME.json`` in ``folder`` (a full run), else ``NAME.quick.json``, else None."""
+    for path in (Path(folder) / f"{name}.json", Path(folder) / f"{name}.quick.json"):
+        if path.exists():
+            return json.loads(path.read_text())
+    return None

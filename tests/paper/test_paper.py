@@ -15,7 +15,7 @@ import pytest
 
 from minipaged import LLM, SamplingParams
 from minipaged.__main__ import main
-from minipaged.paper import engines, kv_bytes, registry, workloads
+from minipaged.paper import engines, kv_bytes, plots, registry, workloads
 from minipaged.paper.engines import PendingEngineFeature, StepRecorder, engine_has, make_llm, serve_at_rate
 
 ORDER = ("orca-max", "orca-pow2", "orca-oracle", "paged")
@@ -218,3 +218,21 @@ def test_every_figure_is_registered_with_the_papers_numbers():
     }
     assert all(entry.paper and entry.section for entry in registry.FIGURES.values())
     assert engines.ENGINE_FEATURES.keys() == {"contiguous_reserve", "beam_search", "swap"}
+
+
+# -- pictures -------------------------------------------------------------------------------------
+def test_plots_draw_the_saved_results(fig2, fig13):
+    fig = plots.draw_memory_shares(fig2.to_dict())
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "paged"]
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [20.4, 26.8, 38.2, 96.3]  # the paper's ticks
+    assert len(ax.patches) == 4 * 4  # four parts of every system's memory
+    beside = plots.draw_beside_paper(fig13.to_dict(), unit="")
+    assert len(beside.axes[0].patches) == 2 * 8  # ours and the paper's, 4 systems x 2 traces
+    curves = {
+        "title": "t",
+        "kind": "measured",
+        "quick": True,
+        "data": {"curves": {"paged": [{"rate": 1.0, "normalized_latency": 0.1}]}, "capacity": {"paged": 2.0}},
+    }
+    assert plots.draw_latency(curves).axes[0].get_title(loc="left") == "t  [measured, quick run]"
