@@ -8,5 +8,5 @@ One module per idea: :mod:`.kv_bytes` (§3), :mod:`.reservation` (Fig. 2, Fig. 1
 :mod:`.serving` (Fig. 12), :mod:`.sharing` (Fig. 15), :mod:`.shared_prefix` (Fig. 16),
 :mod:`.block_size` (Fig. 18b), :mod:`.preemption` (Fig. 19), :mod:`.regime` (why a
 bandwidth-bound model shows paging's throughput); :mod:`.registry` names them, :mod:`.cli`
-runs them. docs/paper.md puts every result in one table.
+runs them, :mod:`.plots` draws what they saved. docs/paper.md puts every result in one table.
 """

@@ -26,7 +26,7 @@ BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PAPER = {"default": 16, "best_sharegpt": "16-128", "best_alpaca": "16-32"}
 
 
-def block_size(
+def block_size_sweep(
     block_sizes: tuple[int, ...] = BLOCK_SIZES,
     sharegpt_requests: int = 400,
     alpaca_requests_sim: int = 1000,

@@ -49,9 +49,15 @@ def engine_has(feature: str) -> bool:
     return field in {f.name for f in dataclasses.fields(EngineConfig)}
 
 
+def pending_reason(feature: str) -> str:
+    """What a figure part waits for, in words."""
+    return f"needs {ENGINE_FEATURES[feature]}, which this engine does not offer yet"
+
+
 def require(feature: str) -> None:
+    """Raise :class:`PendingEngineFeature` unless the engine offers ``feature``."""
     if not engine_has(feature):
-        raise PendingEngineFeature(f"needs {ENGINE_FEATURES[feature]}, which this engine does not offer yet")
+        raise PendingEngineFeature(pending_reason(feature))
 
 
 def make_llm(system: str, model: str | None = MODEL, **kw) -> LLM:
@@ -61,10 +67,9 @@ def make_llm(system: str, model: str | None = MODEL, **kw) -> LLM:
         return LLM(model, **kw)
     if engine_has("contiguous_reserve"):
         return LLM(model, kv_layout="contiguous", contiguous_reserve=reserve, **kw)
-    if reserve == "max":  # an engine without reservation rules reserves max_model_len: Orca (Max)
-        return LLM(model, kv_layout="contiguous", **kw)
-    require("contiguous_reserve")
-    raise AssertionError("unreachable")
+    if reserve != "max":
+        raise PendingEngineFeature(pending_reason("contiguous_reserve"))
+    return LLM(model, kv_layout="contiguous", **kw)  # without reservation rules it reserves max_model_len: Orca (Max)
 
 
 def vocab_size(model: str | None) -> int:

@@ -36,7 +36,7 @@ def kv_bytes_per_token(config: dict, dtype: str | None = None) -> int:
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
-def kv_bytes(configs: list[str] | None = None, quick: bool = False) -> PaperResult:
+def kv_bytes_table(configs: list[str] | None = None, quick: bool = False) -> PaperResult:
     """OPT-13B beside the paper; SmolLM2-135M and the embedded model; any ``configs`` (paths) too."""
     from minipaged.model.loader import EMBEDDED_MODEL_DIR
 

@@ -25,6 +25,9 @@ from minipaged.paper.report import PaperResult
 
 @dataclass(frozen=True)
 class Entry:
+    """A figure: its function (whose defaults are the full sizes), the quick sizes, overrides of the
+    full sizes, the paper's numbers and where they are in the paper."""
+
     run: Callable[..., PaperResult]
     quick: dict = field(default_factory=dict)
     full: dict = field(default_factory=dict)
@@ -33,7 +36,7 @@ class Entry:
 
 
 FIGURES: dict[str, Entry] = {
-    "kv-bytes": Entry(kv_bytes.kv_bytes, paper=kv_bytes.PAPER, section="§3"),
+    "kv-bytes": Entry(kv_bytes.kv_bytes_table, paper=kv_bytes.PAPER, section="§3"),
     "fig2": Entry(
         reservation.memory_waste,
         quick=dict(num_requests=150, seeds=(0,)),
@@ -53,19 +56,19 @@ FIGURES: dict[str, Entry] = {
         section="Fig. 12",
     ),
     "fig15": Entry(
-        sharing.sharing,
+        sharing.memory_saved,
         quick=dict(num_requests=2, max_tokens=8),
         paper=sharing.PAPER,
         section="Fig. 15",
     ),
     "fig16": Entry(
-        shared_prefix.shared_prefix,
+        shared_prefix.prefix_throughput,
         quick=dict(num_requests=4, max_output=8),
         paper=shared_prefix.PAPER,
         section="Fig. 16",
     ),
     "fig18b": Entry(
-        block_size.block_size,
+        block_size.block_size_sweep,
         quick=dict(
             block_sizes=(1, 4, 16, 64, 256),
             sharegpt_requests=150,

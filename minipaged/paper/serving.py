@@ -54,8 +54,8 @@ def latency_vs_rate(
     seed: int = 0,
     quick: bool = False,
 ) -> PaperResult:
-    res = PaperResult("fig12", "Fig. 12: normalized latency against request rate (Alpaca-shaped)", "measured")
-    res.quick = quick
+    title = "Fig. 12: normalized latency against request rate (Alpaca-shaped)"
+    res = PaperResult("fig12", title, "measured", quick=quick)
     res.settings = {
         "model": model,
         **BUDGET,

@@ -23,7 +23,7 @@ PAPER = {80: 1.67, 341: 3.58}  # paged / Orca (Oracle), sustained request rate
 BASELINES = ("orca-oracle", "orca-max")
 
 
-def shared_prefix(
+def prefix_throughput(
     prefix_lens: tuple[int, ...] = (80, 341),
     num_requests: int = 24,
     max_output: int | None = None,

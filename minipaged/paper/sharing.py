@@ -23,7 +23,7 @@ import time
 from tqdm.auto import tqdm
 
 from minipaged import LLM, SamplingParams
-from minipaged.paper.engines import BUDGET, MODEL, StepRecorder, engine_has, require, vocab_size
+from minipaged.paper.engines import BUDGET, MODEL, StepRecorder, engine_has, pending_reason, require, vocab_size
 from minipaged.paper.report import PaperResult
 from minipaged.paper.serving import alpaca_requests
 from minipaged.utils import cdiv
@@ -72,7 +72,7 @@ def beam_search(model: str | None, prompts: list[list[int]], width: int, max_tok
     return saved_share(rec.stats)
 
 
-def sharing(
+def memory_saved(
     num_requests: int = 8,
     widths: tuple[int, ...] = WIDTHS,
     max_tokens: int | None = None,
@@ -98,7 +98,7 @@ def sharing(
         for w in tqdm(widths, desc="fig15 beam search", leave=False):
             res.data["beam"][str(w)] = 100 * beam_search(model, prompts, w, max_tokens)
     else:
-        res.pending.append(f"beam search: {_pending('beam_search')}")
+        res.pending.append(f"beam search: {pending_reason('beam_search')}")
     for kind, label in (("parallel", "parallel sampling n"), ("beam", "beam width")):
         for w, value in res.data[kind].items():
             res.add(f"{label} = {w}: memory saved", value, PAPER[kind].get(int(w)), "%")
@@ -110,14 +110,6 @@ def sharing(
     res.add("n = 4, V1 / V0: prefill tokens computed", v["v1"]["prefill_tokens"] / v["v0"]["prefill_tokens"])
     res.add("beam 4 outside the engine: prefill tokens per output token", v["beam_outside"]["prefill_per_token"])
     return res
-
-
-def _pending(feature: str) -> str:
-    try:
-        require(feature)
-    except NotImplementedError as e:
-        return str(e)
-    return ""
 
 
 def _blocks(stats: list[dict]) -> dict:
