@@ -55,6 +55,7 @@ def _engine(model: str | None, prompts: list[list[int]], width: int, max_tokens:
 
 
 def parallel_sampling(model: str | None, prompts: list[list[int]], n: int, max_tokens: int) -> float:
+    """Memory saved (a fraction) when each prompt runs ``SamplingParams(n=n)``, ``max_tokens`` per sample."""
     llm = _engine(model, prompts, n, max_tokens, max_model_len=BUDGET["max_model_len"])
     params = [_sampled(i, max_tokens, n) for i in range(len(prompts))]
     with StepRecorder(llm) as rec:
@@ -63,6 +64,7 @@ def parallel_sampling(model: str | None, prompts: list[list[int]], n: int, max_t
 
 
 def beam_search(model: str | None, prompts: list[list[int]], width: int, max_tokens: int) -> float:
+    """Memory saved (a fraction) by the engine's beam search of ``width`` beams, ``max_tokens`` per beam."""
     require("beam_search")
     from minipaged import BeamSearchParams
 
