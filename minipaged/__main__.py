@@ -1,4 +1,4 @@
-"""Command line: ``python -m minipaged demo | eval | bench | animate | course | slides``."""
+"""Command line: ``python -m minipaged demo | eval | bench | animate | paper | course | slides``."""
 
 from __future__ import annotations
 
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         "with reveal.js and MathJax copied beside them: open them in a browser, no network needed.",
     )
     s.add_argument("out_dir", help="the folder to write the decks into")
+    r = sub.add_parser("paper", help="the PagedAttention paper's results beside ours (docs/paper.md)")
+    importlib.import_module("minipaged.paper.cli").add_arguments(r)
     args = p.parse_args(argv)
     if args.cmd == "demo":
         demo(args)
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         from minipaged.viz import animate
 
         animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
+    elif args.cmd == "paper":
+        importlib.import_module("minipaged.paper.cli").main(args)
     else:
         importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
 

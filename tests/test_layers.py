@@ -37,8 +37,10 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-# Outside the core: drawing, benchmarks, the course's tools, the command line and the training script.
-NOT_CORE = ("minipaged.viz", "minipaged.bench", "minipaged.course", "minipaged.__main__", "minipaged.tiny.train")
+# Outside the core: drawing, benchmarks, the paper's figures, the course's tools, the command line and training.
+NOT_CORE = (
+    "minipaged.viz", "minipaged.bench", "minipaged.paper", "minipaged.course", "minipaged.__main__", "minipaged.tiny.train"
+)
 
 # (name, importers the rule applies to, modules they must not import, importers exempted)
 RULES = [
