@@ -48,9 +48,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("attention", ["attention"]),
     ("kernels", ["kernels"]),
     ("model", ["model"]),
-    ("engine", ["engine", "generate"]),
+    ("engine", ["engine", "static_generate"]),
     ("sim, tiny", ["sim", "tiny"]),
-    ("viz, bench, CLI", ["__main__", "bench", "viz", "__init__"]),
+    ("viz, bench, serve, CLI", ["__main__", "serve", "bench", "viz", "__init__"]),
 ]
 # Box titles other than "name/" (a sub-package) or "name.py" (a top-level module).
 NODE_TITLES = {"__main__": "__main__.py  (the CLI)", "__init__": "__init__.py  (the public API)"}

@@ -1,6 +1,6 @@
 """The package's layering, read from the code: lower layers never import upper ones.
 
-kv < attention < kernels < engine < viz / bench / CLI. Every import of every
+kv < attention < kernels < engine < viz / bench / serve / CLI. Every import of every
 ``minipaged/**/*.py`` counts — at module level, inside a function, under ``TYPE_CHECKING``, or
 by name through :mod:`importlib` — as parsed by ``scripts/import_graph.py`` (nothing is
 imported). ``from minipaged import LLM`` counts as importing ``minipaged.engine.llm``, where
@@ -37,8 +37,8 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-# Outside the core: drawing, benchmarks, the command line and the training script.
-NOT_CORE = ("minipaged.viz", "minipaged.bench", "minipaged.__main__", "minipaged.tiny.train")
+# Outside the core: drawing, benchmarks, the server, the command line and the training script.
+NOT_CORE = ("minipaged.viz", "minipaged.bench", "minipaged.serve", "minipaged.__main__", "minipaged.tiny.train")
 
 # (name, importers the rule applies to, modules they must not import, importers exempted)
 RULES = [
@@ -55,7 +55,12 @@ RULES = [
         (),
     ),
     ("attention/ imports nothing from engine", ("minipaged.attention",), ("minipaged.engine",), ()),
-    ("the core imports nothing from viz/ or bench/", ("minipaged",), ("minipaged.viz", "minipaged.bench"), NOT_CORE),
+    (
+        "the core imports nothing from viz/, bench/ or serve/",
+        ("minipaged",),
+        ("minipaged.viz", "minipaged.bench", "minipaged.serve"),
+        NOT_CORE,
+    ),
     ("utils imports nothing from the package", ("minipaged.utils",), ("minipaged",), ()),
 ]
 
