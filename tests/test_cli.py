@@ -63,7 +63,7 @@ def test_bench_help_is_plain_text(bench, capsys):
 
 BAD = {
     "no command": [],
-    "unknown command": ["serve"],
+    "unknown command": ["train"],
     "unknown bench": ["bench", "latency"],
     "bench without a name": ["bench"],
     "unknown demo option": ["demo", "--bogus"],

@@ -17,7 +17,8 @@ engine thread runs the model. An abort asked for during a step is applied right 
 disconnected client's blocks are free before the next step.
 
 If ``step()`` raises, only the requests that step ran fail: their clients get a 500 error, the
-requests are aborted (their blocks freed), and the loop goes on with the others.
+requests are aborted (their blocks freed), and the loop goes on with the others. (A step that
+fails while running none of them would only fail again: then every request queued fails.)
 
 Two small adapters, :func:`step_outputs` and :func:`failed_request_ids`, read what the engine
 reports after a step; they are the only places that know which engine version runs here.
@@ -166,6 +167,9 @@ class EngineLoop:
             except (ValueError, TypeError) as e:  # checked before submission; a last guard
                 self._fail(sub, APIError(400, f"prompt: {e}", "prompt"))
                 return
+            except Exception as e:  # the client gets an answer whatever happened
+                self._fail(sub, APIError(500, f"the engine could not take the request ({type(e).__name__}: {e})"))
+                return
             self._requests[sub.request_id] = sub
             self.live.added(sub.request_id, sub.label, sub.num_prompt_tokens)
         elif sub.request_id in self._requests:
@@ -182,6 +186,8 @@ class EngineLoop:
             log.exception("engine step %d failed", self.num_steps)
             self.live.totals["failed_steps"] += 1
             failed = [r for r in failed_request_ids(self.llm) if r in self._requests]
+            # a step that fails with nothing to blame would fail again at once: fail everything queued
+            failed = failed or list(self._requests)
             if failed:
                 self.llm.abort_request(failed)
             for rid in failed:

@@ -165,3 +165,23 @@ def test_stop_token_ids_stop(server):
     )
     # whether the stop token's own text is kept is the engine's choice (vLLM keeps a non-special one)
     assert got.choices[0].text.removesuffix("d") == "abc" and got.choices[0].finish_reason == "stop"
+
+
+def test_a_request_shaped_like_vllms_benchmark_is_accepted(server):
+    """The fields vLLM's serving benchmark sends (vllm/benchmarks/lib/endpoint_request_func.py)."""
+    prompt = task.prompt_for("from the benchmark")
+    body = {
+        "model": "tiny-copy",
+        "prompt": prompt,
+        "repetition_penalty": 1.0,
+        "max_tokens": 20,
+        "logprobs": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 20  # ignore_eos held
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]][-1] == "length"
