@@ -50,7 +50,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("model", ["model"]),
     ("engine", ["engine", "static_generate"]),
     ("sim, tiny", ["sim", "tiny"]),
-    ("viz, bench, paper, course, CLI", ["__main__", "paper", "course", "bench", "viz", "__init__"]),
+    ("viz, bench, paper, serve, course, CLI", ["__main__", "paper", "serve", "course", "bench", "viz", "__init__"]),
 ]
 # Box titles other than "name/" (a sub-package) or "name.py" (a top-level module).
 NODE_TITLES = {"__main__": "__main__.py  (the CLI)", "__init__": "__init__.py  (the public API)"}

@@ -1,6 +1,6 @@
 """The package's layering, read from the code: lower layers never import upper ones.
 
-kv < attention < kernels < engine < viz / bench / course / CLI. Every import of every
+kv < attention < kernels < engine < viz / bench / paper / serve / course / CLI. Every import of every
 ``minipaged/**/*.py`` counts — at module level, inside a function, under ``TYPE_CHECKING``, or
 by name through :mod:`importlib` — as parsed by ``scripts/import_graph.py`` (nothing is
 imported). ``from minipaged import LLM`` counts as importing ``minipaged.engine.llm``, where
@@ -37,9 +37,10 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-# Outside the core: drawing, benchmarks, the paper's figures, the course's tools, the command line and training.
+# Outside the core: drawing, benchmarks, the paper's figures, the server, the course's tools, the CLI and training.
 NOT_CORE = (
-    "minipaged.viz", "minipaged.bench", "minipaged.paper", "minipaged.course", "minipaged.__main__", "minipaged.tiny.train"
+    "minipaged.viz", "minipaged.bench", "minipaged.paper", "minipaged.serve", "minipaged.course",
+    "minipaged.__main__", "minipaged.tiny.train",
 )
 
 # (name, importers the rule applies to, modules they must not import, importers exempted)
@@ -58,9 +59,9 @@ RULES = [
     ),
     ("attention/ imports nothing from engine", ("minipaged.attention",), ("minipaged.engine",), ()),
     (
-        "the core imports nothing from viz/, bench/ or course/",
+        "the core imports nothing from viz/, bench/, paper/, serve/ or course/",
         ("minipaged",),
-        ("minipaged.viz", "minipaged.bench", "minipaged.course"),
+        ("minipaged.viz", "minipaged.bench", "minipaged.paper", "minipaged.serve", "minipaged.course"),
         NOT_CORE,
     ),
     ("utils imports nothing from the package", ("minipaged.utils",), ("minipaged",), ()),
