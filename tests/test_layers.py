@@ -39,8 +39,13 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 # Outside the core: drawing, benchmarks, the paper's figures, the server, the course's tools, the CLI and training.
 NOT_CORE = (
-    "minipaged.viz", "minipaged.bench", "minipaged.paper", "minipaged.serve", "minipaged.course",
-    "minipaged.__main__", "minipaged.tiny.train",
+    "minipaged.viz",
+    "minipaged.bench",
+    "minipaged.paper",
+    "minipaged.serve",
+    "minipaged.course",
+    "minipaged.__main__",
+    "minipaged.tiny.train",
 )
 
 # (name, importers the rule applies to, modules they must not import, importers exempted)

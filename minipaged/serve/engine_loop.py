@@ -20,8 +20,8 @@ If ``step()`` raises, only the requests that step ran fail: their clients get a 
 requests are aborted (their blocks freed), and the loop goes on with the others. (A step that
 fails while running none of them would only fail again: then every request queued fails.)
 
-Two small adapters, :func:`step_outputs` and :func:`failed_request_ids`, read what the engine
-reports after a step; they are the only places that know which engine version runs here.
+What a step did comes from the engine itself: ``StepSnapshot.outputs`` (every request that got a
+token, with its output so far) and, after a failed step, ``llm.failed_request_ids``.
 """
 
 from __future__ import annotations
@@ -35,36 +35,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minipaged.engine.llm import LLM
-from minipaged.engine.outputs import RequestOutput, StepSnapshot
+from minipaged.engine.outputs import RequestOutput
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.serve.live import LiveState
 from minipaged.serve.protocol import APIError
 
 log = logging.getLogger("minipaged.serve")
-
-
-def step_outputs(llm: LLM, snap: StepSnapshot) -> list[RequestOutput]:
-    """Every request the step ran, with its output so far (finished ones included).
-
-    An engine whose ``StepSnapshot`` has ``outputs`` says this itself. Otherwise the snapshot
-    lists only the finished requests, and the others' outputs are read from the engine for each
-    request the step scheduled.
-    """
-    outputs = getattr(snap, "outputs", None)
-    if outputs is not None:
-        return list(outputs)
-    finished = {o.request_id: o for o in snap.finished}
-    ran = dict.fromkeys(s["request_id"] for s in snap.scheduled)
-    return [finished[r] if r in finished else llm._output(r) for r in ran]
-
-
-def failed_request_ids(llm: LLM) -> list[int]:
-    """The requests a failed step ran: ``llm.failed_request_ids`` where the engine reports it,
-    otherwise every running request (the step may have scheduled any of them)."""
-    ids = getattr(llm, "failed_request_ids", None)
-    if ids is not None:
-        return list(ids)
-    return sorted({s.request_id for s in llm.scheduler.running})
 
 
 @dataclass(eq=False)
@@ -185,7 +161,7 @@ class EngineLoop:
         except Exception as e:  # one bad step fails its own requests, never the server
             log.exception("engine step %d failed", self.num_steps)
             self.live.totals["failed_steps"] += 1
-            failed = [r for r in failed_request_ids(self.llm) if r in self._requests]
+            failed = [r for r in self.llm.failed_request_ids if r in self._requests]
             # a step that fails with nothing to blame would fail again at once: fail everything queued
             failed = failed or list(self._requests)
             if failed:
@@ -197,7 +173,7 @@ class EngineLoop:
         self.num_steps += 1
         now = time.monotonic()
         new_tokens = 0
-        for out in step_outputs(self.llm, snap):
+        for out in snap.outputs:
             sub = self._requests.get(out.request_id)
             if sub is None:
                 continue

@@ -121,7 +121,7 @@ class EngineInputs:
         return params
 
     def _stop_fields(self, req: SamplingRequest) -> dict:
-        """``stop`` / ``stop_token_ids`` for SamplingParams, if its engine has them."""
+        """``stop`` / ``stop_token_ids`` for SamplingParams, checked with the field's name."""
         extra: dict = {}
         stops = req.stop_strings
         if any(s == "" for s in stops):
@@ -132,9 +132,6 @@ class EngineInputs:
                     400, f"stop_token_ids: {t} is outside the vocabulary [0, {self.vocab_size})", "stop_token_ids"
                 )
         for name, value in (("stop", stops), ("stop_token_ids", list(req.stop_token_ids or []))):
-            if not value:
-                continue
-            if name not in SAMPLING_FIELDS:
-                raise APIError(400, f"{name}: this engine's SamplingParams has no '{name}' yet", name)
-            extra[name] = value
+            if value:
+                extra[name] = value
         return extra
