@@ -1,4 +1,4 @@
-"""The command line, ``python -m minipaged demo | eval | serve | bench | animate | paper | ...``: parsing, help, dispatch.
+"""The command line, ``python -m minipaged demo | eval | serve | bench | animate | ...``: parsing, help, dispatch.
 
 The benches' own figures are tested in ``tests/bench/test_bench.py``; the animations in
 ``tests/viz/test_animate.py``.
