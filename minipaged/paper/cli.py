@@ -6,7 +6,6 @@ import argparse
 import time
 from pathlib import Path
 
-from minipaged.paper.engines import PendingEngineFeature
 from minipaged.paper.registry import FIGURES, run
 
 DEFAULT_OUT = Path("docs/paper")
@@ -30,11 +29,7 @@ def main(args: argparse.Namespace) -> list[str]:
     for name in names:
         start = time.perf_counter()
         overrides = {"configs": args.config} if name == "kv-bytes" and args.config else {}
-        try:
-            result = run(name, quick=args.quick, **overrides)
-        except PendingEngineFeature as e:
-            print(f"\n== {FIGURES[name].section} ({name}): not run, it {e}")
-            continue
+        result = run(name, quick=args.quick, **overrides)
         result.print()
         path = result.save(out)
         written.append(str(path))

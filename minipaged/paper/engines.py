@@ -8,20 +8,15 @@
   measured, in the time the engine actually worked.
 - :class:`StepRecorder` reads ``kv_stats()`` after every engine step, whoever drives the steps
   (``generate``, ``beam_search``), without timing code in the engine.
-
-Some figures need engine features that may be absent from this engine (:data:`ENGINE_FEATURES`):
-:func:`require` raises :class:`PendingEngineFeature`, and the figure says what it did not run.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Callable
 
 from minipaged import LLM, SamplingParams
-from minipaged.engine.config import EngineConfig
 from minipaged.model.config import ModelConfig
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
 from minipaged.model.random_models import is_random_model, random_model_config
@@ -30,34 +25,6 @@ from minipaged.paper.workloads import WorkItem
 MODEL = "random:smollm2-135m"  # bandwidth-bound on a CPU, like a GPU's serving regime (docs/paper.md)
 BUDGET = dict(num_kvcache_blocks=64, block_size=16, max_model_len=512)
 RESERVE_RULES = {"orca-max": "max", "orca-pow2": "pow2", "orca-oracle": "oracle", "paged": None}
-ENGINE_FEATURES = {
-    "contiguous_reserve": "LLM(kv_layout='contiguous', contiguous_reserve='pow2' | 'oracle')",
-    "beam_search": "LLM.beam_search(prompts, BeamSearchParams(beam_width, max_tokens))",
-    "swap": "LLM(preemption_mode='swap', swap_space=...) and kv_stats()['swapped_out_blocks']",
-}
-
-
-class PendingEngineFeature(NotImplementedError):
-    """A figure needs an engine feature this engine does not have yet."""
-
-
-def engine_has(feature: str) -> bool:
-    """Whether this engine offers ``feature`` (a key of :data:`ENGINE_FEATURES`)."""
-    if feature == "beam_search":
-        return hasattr(LLM, "beam_search")
-    field = {"contiguous_reserve": "contiguous_reserve", "swap": "preemption_mode"}[feature]
-    return field in {f.name for f in dataclasses.fields(EngineConfig)}
-
-
-def pending_reason(feature: str) -> str:
-    """What a figure part waits for, in words."""
-    return f"needs {ENGINE_FEATURES[feature]}, which this engine does not offer yet"
-
-
-def require(feature: str) -> None:
-    """Raise :class:`PendingEngineFeature` unless the engine offers ``feature``."""
-    if not engine_has(feature):
-        raise PendingEngineFeature(pending_reason(feature))
 
 
 def make_llm(system: str, model: str | None = MODEL, **kw) -> LLM:
@@ -65,11 +32,7 @@ def make_llm(system: str, model: str | None = MODEL, **kw) -> LLM:
     reserve = RESERVE_RULES[system]
     if reserve is None:
         return LLM(model, **kw)
-    if engine_has("contiguous_reserve"):
-        return LLM(model, kv_layout="contiguous", contiguous_reserve=reserve, **kw)
-    if reserve != "max":
-        raise PendingEngineFeature(pending_reason("contiguous_reserve"))
-    return LLM(model, kv_layout="contiguous", **kw)  # without reservation rules it reserves max_model_len: Orca (Max)
+    return LLM(model, kv_layout="contiguous", contiguous_reserve=reserve, **kw)
 
 
 def vocab_size(model: str | None) -> int:

@@ -8,11 +8,24 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from minipaged.viz.palette import BLUE, GREEN, MUTED, ORANGE, PURPLE, SKY, WASTE
+from minipaged.viz.palette import (
+    CONTIGUOUS_EXACT,
+    CONTIGUOUS_MAX,
+    CONTIGUOUS_POW2,
+    FREE,
+    MUTED,
+    PAGED,
+    RESERVED,
+    SEQUENCE_COLORS,
+    WASTE,
+)
 from minipaged.viz.style import new_figure
 
 PAPER_GREY = "#9E9E9E"
-SYSTEM_COLORS = {"orca-max": ORANGE, "orca-pow2": GREEN, "orca-oracle": PURPLE, "paged": BLUE}
+SYSTEM_COLORS = {
+    "orca-max": CONTIGUOUS_MAX, "orca-pow2": CONTIGUOUS_POW2, "orca-oracle": CONTIGUOUS_EXACT, "paged": PAGED
+}  # fmt: skip
+OURS, THEIRS = SEQUENCE_COLORS[0], SEQUENCE_COLORS[1]  # two series of one plot: ours, and the other
 SYSTEM_NAMES = {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)", "paged": "paged"}
 
 
@@ -27,7 +40,7 @@ def draw_beside_paper(result: dict, unit: str | None = None) -> Figure:
         rows = [r for r in rows if r["unit"] == unit]
     fig, ax = new_figure(11, 0.5 * len(rows) + 1.8)
     y = range(len(rows))
-    ax.barh([i + 0.2 for i in y], [r["ours"] for r in rows], height=0.4, color=BLUE, label="ours")
+    ax.barh([i + 0.2 for i in y], [r["ours"] for r in rows], height=0.4, color=OURS, label="ours")
     ax.barh([i - 0.2 for i in y], [r["paper"] for r in rows], height=0.4, color=PAPER_GREY, label="paper")
     ax.set_yticks(list(y), [r["label"] for r in rows])
     ax.invert_yaxis()
@@ -40,8 +53,8 @@ def draw_beside_paper(result: dict, unit: str | None = None) -> Figure:
 def draw_memory_shares(result: dict) -> Figure:
     """Fig. 2: where each system's KV memory goes, stacked; the paper's token share as a tick."""
     data, paper = result["data"], {r["label"].split(",")[0]: r["paper"] for r in result["rows"]}
-    parts = (("tokens", BLUE, "token states"), ("reservation", SKY, "reserved for later tokens"))
-    parts += (("internal", WASTE, "never filled"), ("free", "#EEEEEE", "free, unusable"))
+    parts = (("tokens", PAGED, "token states"), ("reservation", RESERVED, "reserved for later tokens"))
+    parts += (("internal", WASTE, "never filled"), ("free", FREE, "free, unusable"))
     fig, ax = new_figure(11, 4)
     names = [s for s in SYSTEM_NAMES if s in data]
     for i, system in enumerate(names):
@@ -82,12 +95,12 @@ def draw_latency(result: dict) -> Figure:
 def draw_block_size(result: dict) -> Figure:
     """Fig. 18b: memory holding tokens (both traces) and the engine's tokens/s against the block size."""
     fig, (mem, speed) = new_figure(12, 4.2, ncols=2)
-    for trace, color in (("sharegpt", BLUE), ("alpaca", ORANGE)):
+    for trace, color in (("sharegpt", OURS), ("alpaca", THEIRS)):
         shares = result["data"]["memory_tokens_share"][trace]
         mem.plot([int(b) for b in shares], [100 * v for v in shares.values()], "o-", color=color, label=trace)
     mem.set_ylabel("% of KV memory holding tokens")
     throughput = result["data"]["tokens_per_s"]
-    speed.plot([int(b) for b in throughput], list(throughput.values()), "o-", color=GREEN)
+    speed.plot([int(b) for b in throughput], list(throughput.values()), "o-", color=SEQUENCE_COLORS[2])
     speed.set_ylabel("engine tokens / s")
     for ax in (mem, speed):
         ax.set_xscale("log", base=2)
@@ -101,7 +114,7 @@ def draw_block_size(result: dict) -> Figure:
 def draw_regime(result: dict) -> Figure:
     """The CPU roofline: decode tokens/s against rows, each model relative to its own 1-row speed."""
     fig, ax = new_figure(10, 4.5)
-    for key, color, label in (("embedded", ORANGE, "embedded 2M model"), ("smollm2", BLUE, "random:smollm2-135m")):
+    for key, color, label in (("embedded", THEIRS, "embedded 2M model"), ("smollm2", OURS, "random:smollm2-135m")):
         tps = result["data"][key]["decode_tokens_per_s"]
         base = tps[min(tps, key=int)]
         ax.plot([int(r) for r in tps], [v / base for v in tps.values()], "o-", color=color, label=label)
@@ -122,8 +135,8 @@ def draw_swap(result: dict) -> Figure:
     rows = result["data"]["block_sizes"]
     sizes = [int(b) for b in rows]
     for key, color, label in (
-        ("seconds_per_swapped_block", BLUE, "swap"),
-        ("seconds_per_recomputed_block", ORANGE, "recompute"),
+        ("seconds_per_swapped_block", OURS, "swap"),
+        ("seconds_per_recomputed_block", THEIRS, "recompute"),
     ):
         ax.plot(sizes, [1e3 * r[key] for r in rows.values()], "o-", color=color, label=label)
     ax.set_xscale("log", base=2)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from minipaged import LLM
 from minipaged.bench.engine import EngineRun, run_engine
-from minipaged.paper.engines import BUDGET, MODEL, require, vocab_size, warm_up
+from minipaged.paper.engines import BUDGET, MODEL, vocab_size, warm_up
 from minipaged.paper.report import PaperResult
 from minipaged.paper.serving import alpaca_requests
 
@@ -55,7 +55,6 @@ def swap_vs_recompute(
     quick: bool = False,
 ) -> PaperResult:
     res = PaperResult("fig19", "Fig. 19: swap against recompute, per preempted block", "measured", quick=quick)
-    require("swap")
     slots = BUDGET["num_kvcache_blocks"] * BUDGET["block_size"]
     requests = alpaca_requests(num_requests, vocab_size(model), 0, max_output)
     prompt_tokens = sum(len(p) for p, _ in requests)

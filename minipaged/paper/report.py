@@ -36,7 +36,6 @@ class PaperResult:
     settings: dict = field(default_factory=dict)
     data: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    pending: list[str] = field(default_factory=list)  # parts that wait for an engine feature, and why
     quick: bool = False
 
     def __post_init__(self) -> None:
@@ -66,8 +65,6 @@ class PaperResult:
                 print(f"  {r.label:<{width}}{_fmt(r.ours, r.unit):>14}{_fmt(r.paper, r.unit):>14}")
         for note in self.notes:
             print(f"  - {note}")
-        for why in self.pending:
-            print(f"  - not run yet: {why}")
 
 
 def _fmt(value: float | str | None, unit: str) -> str:

@@ -26,7 +26,6 @@ from minipaged.paper.engines import (
     BUDGET,
     MODEL,
     RESERVE_RULES,
-    PendingEngineFeature,
     make_llm,
     serve_at_rate,
     vocab_size,
@@ -64,12 +63,7 @@ def latency_vs_rate(
         "max_output": max_output,
         "seed": seed,
     }
-    engines = {}
-    for system in RESERVE_RULES:
-        try:
-            engines[system] = make_llm(system, model, **BUDGET)
-        except PendingEngineFeature as e:
-            res.pending.append(f"{SYSTEM_LABELS[system]}: {e}")
+    engines = {system: make_llm(system, model, **BUDGET) for system in RESERVE_RULES}
     vocab = vocab_size(model)
     capacity_work = alpaca_requests(capacity_requests, vocab, seed, max_output)
     curve_work = alpaca_requests(curve_requests, vocab, seed + 1, max_output)

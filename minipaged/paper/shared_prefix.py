@@ -15,7 +15,7 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from minipaged.bench.engine import run_engine
-from minipaged.paper.engines import BUDGET, MODEL, PendingEngineFeature, make_llm, vocab_size, warm_up
+from minipaged.paper.engines import BUDGET, MODEL, make_llm, vocab_size, warm_up
 from minipaged.paper.report import PaperResult
 from minipaged.paper.workloads import ALPACA, SYSTEM_LABELS, engine_requests, paper_trace
 
@@ -41,11 +41,7 @@ def prefix_throughput(
         rates, tokens = {}, {}
         for system in ("paged", *BASELINES):
             kw = {"enable_prefix_caching": True} if system == "paged" else {}
-            try:
-                llm = make_llm(system, model, **BUDGET, **kw)
-            except PendingEngineFeature as e:
-                res.pending.append(f"{SYSTEM_LABELS[system]}, {prefix_len}-token prefix: {e}")
-                continue
+            llm = make_llm(system, model, **BUDGET, **kw)
             warm_up(llm)
             run = run_engine(llm, system, requests)
             rates[system], tokens[system] = len(requests) / run.seconds, run.tokens

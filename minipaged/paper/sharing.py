@@ -22,8 +22,8 @@ import time
 
 from tqdm.auto import tqdm
 
-from minipaged import LLM, SamplingParams
-from minipaged.paper.engines import BUDGET, MODEL, StepRecorder, engine_has, pending_reason, require, vocab_size
+from minipaged import LLM, BeamSearchParams, SamplingParams
+from minipaged.paper.engines import BUDGET, MODEL, StepRecorder, vocab_size
 from minipaged.paper.report import PaperResult
 from minipaged.paper.serving import alpaca_requests
 from minipaged.utils import cdiv
@@ -65,9 +65,6 @@ def parallel_sampling(model: str | None, prompts: list[list[int]], n: int, max_t
 
 def beam_search(model: str | None, prompts: list[list[int]], width: int, max_tokens: int) -> float:
     """Memory saved (a fraction) by the engine's beam search of ``width`` beams, ``max_tokens`` per beam."""
-    require("beam_search")
-    from minipaged import BeamSearchParams
-
     llm = _engine(model, prompts, width, max_tokens, max_model_len=BUDGET["max_model_len"])
     with StepRecorder(llm) as rec:
         llm.beam_search(prompts, BeamSearchParams(beam_width=width, max_tokens=max_tokens))
@@ -96,11 +93,8 @@ def memory_saved(
     res.data = {"parallel": {}, "beam": {}}
     for n in tqdm(widths, desc="fig15 parallel sampling", leave=False):
         res.data["parallel"][str(n)] = 100 * parallel_sampling(model, prompts, n, max_tokens)
-    if engine_has("beam_search"):
-        for w in tqdm(widths, desc="fig15 beam search", leave=False):
-            res.data["beam"][str(w)] = 100 * beam_search(model, prompts, w, max_tokens)
-    else:
-        res.pending.append(f"beam search: {pending_reason('beam_search')}")
+    for w in tqdm(widths, desc="fig15 beam search", leave=False):
+        res.data["beam"][str(w)] = 100 * beam_search(model, prompts, w, max_tokens)
     for kind, label in (("parallel", "parallel sampling n"), ("beam", "beam width")):
         for w, value in res.data[kind].items():
             res.add(f"{label} = {w}: memory saved", value, PAPER[kind].get(int(w)), "%")

@@ -127,9 +127,7 @@ def page_palette() -> dict:
         "free": palette.FREE,
         "in_use": palette.IN_USE,
         "shared": palette.SHARED,
-        "shared_fill": palette.SHARED_FILL,
         "cached": palette.CACHED,
-        "text": palette.BLACK,
         "muted": palette.MUTED,
         "states": palette.STATE_COLORS,
     }

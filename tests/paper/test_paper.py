@@ -15,8 +15,8 @@ import pytest
 
 from minipaged import LLM, SamplingParams
 from minipaged.__main__ import main
-from minipaged.paper import engines, kv_bytes, plots, registry, workloads
-from minipaged.paper.engines import PendingEngineFeature, StepRecorder, engine_has, make_llm, serve_at_rate
+from minipaged.paper import kv_bytes, plots, registry, workloads
+from minipaged.paper.engines import StepRecorder, make_llm, serve_at_rate
 
 ORDER = ("orca-max", "orca-pow2", "orca-oracle", "paged")
 
@@ -89,12 +89,11 @@ def test_fig13_batch_sizes_order_as_the_papers(fig13):
 
 
 # -- the engine helpers ---------------------------------------------------------------------------
-def test_orca_max_is_the_contiguous_layout_and_the_other_rules_wait_for_the_engine():
-    llm = make_llm("orca-max", None, num_kvcache_blocks=16, max_model_len=128)
-    assert llm.kv_stats()["kv_layout"] == "contiguous"
-    if not engine_has("contiguous_reserve"):
-        with pytest.raises(PendingEngineFeature, match="contiguous_reserve"):
-            make_llm("orca-oracle", None, num_kvcache_blocks=16, max_model_len=128)
+def test_the_orca_systems_are_the_contiguous_layout_with_their_reservation():
+    for system, rule in (("orca-max", "max"), ("orca-pow2", "pow2"), ("orca-oracle", "oracle")):
+        llm = make_llm(system, None, num_kvcache_blocks=16, max_model_len=128)
+        assert llm.kv_stats()["kv_layout"] == "contiguous" and llm.config.contiguous_reserve == rule
+    assert make_llm("paged", None, num_kvcache_blocks=16, max_model_len=128).kv_stats()["kv_layout"] == "paged"
 
 
 def test_step_recorder_reads_every_step_and_leaves_the_engine_as_it_was():
@@ -119,11 +118,9 @@ def test_serving_at_a_rate_finishes_every_request_after_it_arrives():
 
 
 # -- the measured figures, on the embedded model --------------------------------------------------
-def test_fig12_runs_every_system_the_engine_offers():
+def test_fig12_runs_every_system():
     res = registry.run("fig12", quick=True, model=None)
-    runs = set(res.data["capacity"])
-    expected = set(ORDER) if engine_has("contiguous_reserve") else {"orca-max", "paged"}
-    assert runs == expected and len(res.pending) == 4 - len(runs)
+    assert set(res.data["capacity"]) == set(ORDER)
     assert res.data["tokens_identical"]
     for curve in res.data["curves"].values():
         assert curve and all(p["normalized_latency"] > 0 for p in curve)
@@ -136,11 +133,8 @@ def test_fig15_more_samples_save_more():
     res = registry.run("fig15", quick=True, model=None)
     saved = [res.data["parallel"][str(n)] for n in (2, 4, 6)]
     assert 0 < saved[0] < saved[1] < saved[2] < 100
-    if engine_has("beam_search"):
-        beam = [res.data["beam"][str(w)] for w in (2, 4, 6)]
-        assert beam[0] < beam[1] < beam[2] and beam[0] > saved[0]
-    else:
-        assert res.pending and "beam_search" in res.pending[0]
+    beam = [res.data["beam"][str(w)] for w in (2, 4, 6)]
+    assert beam[0] < beam[1] < beam[2] and beam[0] > saved[0]
     v = res.data["v0_vs_v1"]
     assert v["v1"]["prefill_tokens"] > v["v0"]["prefill_tokens"]  # each request prefills the prompt's partial block
     assert v["beam_outside"]["prefill_per_token"] > 1  # every step recomputes each beam's last block
@@ -165,7 +159,6 @@ def test_fig18b_bigger_blocks_hold_fewer_tokens():
     assert res.data["tokens_identical"]
 
 
-@pytest.mark.skipif(not engine_has("swap"), reason="waits for LLM(preemption_mode='swap') in the engine")
 def test_fig19_swaps_and_recomputes_the_same_tokens():
     res = registry.run("fig19", quick=True, model=None)
     for row in res.data["block_sizes"].values():
@@ -217,7 +210,6 @@ def test_every_figure_is_registered_with_the_papers_numbers():
         "regime",
     }
     assert all(entry.paper and entry.section for entry in registry.FIGURES.values())
-    assert engines.ENGINE_FEATURES.keys() == {"contiguous_reserve", "beam_search", "swap"}
 
 
 # -- pictures -------------------------------------------------------------------------------------

@@ -127,9 +127,11 @@ const Live = {
       const [ref, cached, owners] = frame.blocks[b];
       const cell = svg._cells[b];
       let fill = p.free, label = "", ink = "#000000", stroke = "#999999", state = "free";
-      if (ref > 1) {
-        fill = Live.pattern(svg, p.shared_fill, "//", p.shared);
+      if (ref > 1) {  // as in the course's pictures: its first owner's colour, outlined in vermillion
+        const [color, hatch] = frame.inks[owners[0]] || [p.in_use, null];
+        fill = hatch ? Live.pattern(svg, color, hatch, "#ffffff") : color;
         label = "×" + ref;
+        ink = Live.textColor(color);
         stroke = p.shared;
         state = "shared";
       } else if (ref === 1) {
@@ -144,6 +146,7 @@ const Live = {
       }
       cell.rect.setAttribute("fill", fill);
       cell.rect.setAttribute("stroke", stroke);
+      cell.rect.setAttribute("stroke-width", state === "shared" ? 3 : 1);
       cell.rect.dataset.state = state;
       cell.text.setAttribute("fill", ink);
       cell.text.textContent = cell.size >= 24 ? label.slice(0, cell.size >= 60 ? 6 : 3) : "";
@@ -172,7 +175,7 @@ const Live = {
     element.innerHTML =
       item(`background:${p.free}`, "free") +
       item(`background:${p.states.decode}`, "in use (one colour per request)") +
-      item(`background:${p.shared_fill};border:2px solid ${p.shared}`, "shared (×ref_cnt)") +
+      item(`background:${p.states.decode};border:3px solid ${p.shared}`, "shared (×ref_cnt)") +
       item(`background:${p.cached};border:2px dotted #5a8fb5`, "free, cached prefix") +
       item(`border:4px solid ${p.shared}`, "copy-on-write") +
       item(`border:4px solid #009e73`, "prefix hit") +

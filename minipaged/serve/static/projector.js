@@ -36,8 +36,8 @@ function chip(frame, block, color) {
   el.textContent = block;
   const ref = frame.blocks.length ? frame.blocks[block][0] : 1;
   if (ref > 1) el.classList.add("shared");
-  el.style.background = ref > 1 ? Live.config.palette.shared_fill : color;
-  el.style.color = ref > 1 ? "#000000" : Live.textColor(color);
+  el.style.background = color;
+  el.style.color = Live.textColor(color);
   return el;
 }
 
