@@ -1,4 +1,5 @@
-"""Check your exercises: ``python -m exercises stage3`` (one stage), ``python -m exercises`` (all).
+"""Check your exercises: ``python -m exercises stage3`` (one stage), ``python -m exercises`` (all);
+``python -m exercises engine`` serves the demo workload with every stage you passed in the engine.
 
 Run from the repository root. See ``exercises/README.md``.
 """
@@ -22,11 +23,22 @@ def _stage(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["engine"]:
+        engine = argparse.ArgumentParser(
+            prog="python -m exercises engine",
+            description="Serve the demo workload through minipaged.LLM with the pieces of every stage whose "
+            "checks pass plugged in, and compare each completion with the package's engine.",
+        )
+        engine.add_argument("--num-prompts", type=int, default=4, help="copy prompts to serve (default 4)")
+        from exercises import engine as plug
+
+        return plug.main(engine.parse_args(argv[1:]).num_prompts)
     parser = argparse.ArgumentParser(
         prog="python -m exercises",
         description="Check your exercises (exercises/stageN_*.py) and say where you stand.",
         epilog="examples: python -m exercises stage3 · python -m exercises stage3 gather_sequence_kv · "
-        "python -m exercises capstone · python -m exercises",
+        "python -m exercises capstone · python -m exercises · python -m exercises engine (your code runs the engine)",
     )
     parser.add_argument(
         "stage", nargs="?", type=_stage, help="stage0 .. stage7 (or 0 .. 7, capstone = 7); every stage if left out"

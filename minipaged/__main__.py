@@ -1,4 +1,4 @@
-"""Command line: ``python -m minipaged demo | eval | bench | animate | course | slides``."""
+"""Command line: ``python -m minipaged demo | eval | serve | bench | animate | paper | course | slides``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 from minipaged.utils import cdiv
 
-BENCHES = ("memory", "kernels", "engine", "prefix")
+BENCHES = ("memory", "kernels", "engine", "prefix", "serve")
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -85,6 +85,9 @@ def _rate(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # the server parses its own flags: one per engine keyword
+        return importlib.import_module("minipaged.serve.cli").main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m minipaged", description="minipaged: paged KV memory, step by step")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run the embedded model through the paged engine")
@@ -96,13 +99,14 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument(
         "--num-blocks", type=_positive, default=None, help="KV blocks in the pool (default: sized from kv_cache_memory)"
     )
+    sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a live projector page (serve --help)")
     b = sub.add_parser(
         "bench",
         help="print benchmark figures",
         description="Print benchmark figures, measured side by side in one run. "
         "`python -m minipaged bench WHICH --help` lists each bench's options.",
     )
-    b.add_argument("which", choices=BENCHES, help="memory | kernels | engine | prefix")
+    b.add_argument("which", choices=BENCHES, help=" | ".join(BENCHES))
     b.add_argument("options", nargs=argparse.REMAINDER, help="the bench's own options")
     a = sub.add_parser(
         "animate",
@@ -133,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         "with reveal.js and MathJax copied beside them: open them in a browser, no network needed.",
     )
     s.add_argument("out_dir", help="the folder to write the decks into")
+    r = sub.add_parser("paper", help="the PagedAttention paper's results beside ours (docs/paper.md)")
+    importlib.import_module("minipaged.paper.cli").add_arguments(r)
     args = p.parse_args(argv)
     if args.cmd == "demo":
         demo(args)
@@ -152,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         from minipaged.viz import animate
 
         animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
+    elif args.cmd == "paper":
+        importlib.import_module("minipaged.paper.cli").main(args)
     else:
         importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
 

@@ -1,4 +1,4 @@
-"""The command line, ``python -m minipaged demo | eval | bench ... | animate ...``: parsing, help, dispatch.
+"""The command line, ``python -m minipaged demo | eval | serve | bench | animate | ...``: parsing, help, dispatch.
 
 The benches' own figures are tested in ``tests/bench/test_bench.py``; the animations in
 ``tests/viz/test_animate.py``.
@@ -14,7 +14,7 @@ import pytest
 
 from minipaged.__main__ import BENCHES, main
 
-COMMANDS = ["demo", "eval", "bench", "animate", "course", "slides"]
+COMMANDS = ["demo", "eval", "serve", "bench", "animate", "course", "slides", "paper"]
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -63,7 +63,7 @@ def test_bench_help_is_plain_text(bench, capsys):
 
 BAD = {
     "no command": [],
-    "unknown command": ["serve"],
+    "unknown command": ["train"],
     "unknown bench": ["bench", "latency"],
     "bench without a name": ["bench"],
     "unknown demo option": ["demo", "--bogus"],

@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from minipaged.model.config import ModelConfig
 from minipaged.model.decoder import DecoderModel
+from minipaged.model.random_models import build_random_model, is_random_model
 from minipaged.model.tokenizer import Tokenizer, load_tokenizer
 
 EMBEDDED_MODEL_DIR = Path(__file__).parents[1] / "tiny" / "assets" / "tiny-copy"
@@ -17,13 +18,16 @@ EMBEDDED_MODEL_DIR = Path(__file__).parents[1] / "tiny" / "assets" / "tiny-copy"
 def load_model(
     path: str | Path | None = None, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> tuple[DecoderModel, Tokenizer | None]:
-    """Build the decoder and load its weights; ``path=None`` is the embedded tiny model.
+    """Build the decoder and load its weights; ``path=None`` is the embedded tiny model,
+    ``"random:NAME"`` a random-weight model of a known shape with no tokenizer (see :mod:`.random_models`).
 
     Shards (``model-00001-of-00002.safetensors`` ...) are all read. ``model.config.eos_token_ids``
     holds every stop id of ``config.json`` and ``generation_config.json``. Errors name the problem:
     a missing folder or file, an unsupported ``model_type`` or config field (see docs/models.md),
     a missing, unexpected or mis-shaped tensor.
     """
+    if is_random_model(path):
+        return build_random_model(path, dtype, device), None
     folder = Path(path) if path is not None else EMBEDDED_MODEL_DIR
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")

@@ -9,7 +9,10 @@ Two ways in, one loop underneath:
   value per step of every quantity (for plots and totals);
 - :func:`replay_steps` replays it through one system, a :class:`ContiguousReplay` or a
   :class:`PagedReplay`, and yields that system's state after every step (for pictures of the
-  memory at a given step): a :class:`ContiguousState` or a :class:`PagedState`.
+  memory at a given step): a :class:`ContiguousState` or a :class:`PagedState`;
+- :func:`replay` runs one system to the end and returns it with its per-step ``series``.
+
+The contiguous reservation rules are the PagedAttention paper's baselines (Orca (Max), (Pow2), (Oracle)).
 """
 
 from __future__ import annotations
@@ -18,56 +21,30 @@ import copy
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 from minipaged.kv.block_pool import BlockPool, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ArenaFullError, FirstFitArena
+from minipaged.sim.states import ContiguousState, PagedState, ReplayState
 from minipaged.sim.traces import TraceRequest
 from minipaged.utils import cdiv
 
-
-@dataclass(frozen=True)
-class ReplayState:
-    """What a replayed memory system looks like after step ``step``. A copy: later steps do not change it.
-
-    ``running`` in admission order, ``waiting`` head of the queue first (request ids);
-    ``tokens`` maps each running request to the tokens it holds; ``finished`` and
-    ``preemptions`` count since the start.
-    """
-
-    step: int
-    running: tuple[int, ...]
-    waiting: tuple[int, ...]
-    tokens: dict[int, int]
-    finished: int
-    preemptions: int
+RESERVE_POLICIES = ("max", "pow2", "exact")
+SERIES = (  # what a replay records, one value per step
+    "running",
+    "admitted",
+    "finished",
+    "queue_len",
+    "used_slots",
+    "allocated_slots",
+    "future_slots",
+    "external_fragmentation",
+)
 
 
-@dataclass(frozen=True)
-class ContiguousState(ReplayState):
-    """Stage 0 after a step: ``arena`` is a copy of the slot arena (request id -> ``(start, size)``
-    in ``arena.reservations()``); ``held_back`` says whether the head of the queue waits although
-    the free slots add up to enough for it — it waits for a hole, not for memory."""
-
-    arena: FirstFitArena
-    held_back: bool
-
-
-@dataclass(frozen=True)
-class PagedState(ReplayState):
-    """Stages 1-2 after a step: ``ref_cnt`` per block, ``free_order`` the free queue (front first,
-    handed out next), ``block_tables`` request id -> its block ids in logical order."""
-
-    block_size: int
-    ref_cnt: tuple[int, ...]
-    free_order: tuple[int, ...]
-    block_tables: dict[int, tuple[int, ...]]
-
-    @property
-    def owners(self) -> dict[int, int]:
-        """block id -> the request holding it (the replay never shares a block)."""
-        return {block_id: rid for rid, table in self.block_tables.items() for block_id in table}
+def next_power_of_two(n: int) -> int:
+    """The smallest power of two >= ``n`` (``n >= 1``)."""
+    return 1 << (n - 1).bit_length()
 
 
 class Replay(ABC):
@@ -87,18 +64,7 @@ class Replay(ABC):
         self.finished = 0
         self.preemptions = 0
         self.num_steps = 0
-        self.series: dict[str, list[float]] = {
-            k: []
-            for k in (
-                "running",
-                "admitted",
-                "finished",
-                "queue_len",
-                "used_slots",
-                "allocated_slots",
-                "external_fragmentation",
-            )
-        }
+        self.series: dict[str, list[float]] = {name: [] for name in SERIES}
 
     @property
     def busy(self) -> bool:
@@ -156,6 +122,10 @@ class Replay(ABC):
             "finished": self.finished,
             "queue_len": len(self.waiting),
             "used_slots": sum(self.tokens.values()),
+            # Allocated slots that the request's own later tokens will fill (the rest of its allocation never will).
+            "future_slots": sum(
+                min(self._slots_of(r), r.total_len) - self.tokens[rid] for rid, r in self.running.items()
+            ),
         }
 
     def _common_state(self) -> dict:
@@ -177,6 +147,10 @@ class Replay(ABC):
         """Raise ValueError if a request of ``trace`` could never run on this system (it would wait forever)."""
 
     @abstractmethod
+    def _slots_of(self, request: TraceRequest) -> int:
+        """The slots a running request holds (reserved, or in its blocks)."""
+
+    @abstractmethod
     def _admit(self, request: TraceRequest, num_tokens: int) -> bool:
         """Allocate memory for ``num_tokens`` tokens of a new request; False (nothing changed) if it does not fit."""
 
@@ -188,16 +162,18 @@ class Replay(ABC):
 class ContiguousReplay(Replay):
     """Stage 0: each admitted request reserves its buffer once and never grows it.
 
-    ``reserve="max"`` reserves ``max_seq_len`` slots per request, ``"exact"`` its prompt + output
-    (an oracle no real server has). ``arena_type`` places the buffers: ``FirstFitArena`` or a
-    subclass with another rule (best fit, say).
+    ``reserve="max"`` reserves ``max_seq_len`` slots per request (Orca (Max) in the paper),
+    ``"pow2"`` the next power of two of its prompt + output, at most ``max_seq_len`` (Orca (Pow2):
+    an output length known within 2x), ``"exact"`` its prompt + output (Orca (Oracle), which no
+    real server has). ``arena_type`` places the buffers: ``FirstFitArena`` or a subclass with
+    another rule (best fit, say).
     """
 
     def __init__(
         self, num_slots: int, max_seq_len: int, reserve: str = "max", arena_type: type[FirstFitArena] = FirstFitArena
     ) -> None:
-        if reserve not in ("max", "exact"):
-            raise ValueError(f"reserve must be 'max' or 'exact', got {reserve!r}")
+        if reserve not in RESERVE_POLICIES:
+            raise ValueError(f"reserve must be one of {RESERVE_POLICIES}, got {reserve!r}")
         if max_seq_len > num_slots:
             raise ValueError(f"one max_seq_len ({max_seq_len}) request must fit in {num_slots} slots")
         super().__init__()
@@ -206,7 +182,14 @@ class ContiguousReplay(Replay):
 
     def size_of(self, request: TraceRequest) -> int:
         """The slots ``request`` reserves."""
-        return self.max_seq_len if self.reserve == "max" else request.total_len
+        if self.reserve == "max":
+            return self.max_seq_len
+        if self.reserve == "pow2":
+            return min(next_power_of_two(request.total_len), self.max_seq_len)
+        return request.total_len
+
+    def _slots_of(self, request: TraceRequest) -> int:
+        return self.size_of(request)
 
     def check_trace(self, trace: Sequence[TraceRequest]) -> None:
         too_long = [r.request_id for r in trace if r.total_len > self.max_seq_len]
@@ -278,6 +261,9 @@ class PagedReplay(Replay):
                 if victim is request:
                     return False
 
+    def _slots_of(self, request: TraceRequest) -> int:
+        return len(self.tables[request.request_id].block_ids) * self.block_size
+
     def _release(self, request: TraceRequest) -> None:
         self.tables.pop(request.request_id).free(self.pool)
         super()._release(request)
@@ -339,19 +325,31 @@ def replay_steps(trace: Sequence[TraceRequest], system: ContiguousReplay | Paged
     return (system.state() for _ in _run(trace, [system]))
 
 
+def replay(trace: Sequence[TraceRequest], system: ContiguousReplay | PagedReplay) -> ContiguousReplay | PagedReplay:
+    """Replay ``trace`` on a new ``system`` to the end; returns ``system``, its ``series`` filled with
+    one value per step (``running``, ``queue_len``, ``used_slots``, ``allocated_slots``,
+    ``future_slots``, ...: see :func:`simulate_contiguous_vs_paged`)."""
+    _check(trace, [system])
+    for _ in _run(trace, [system]):
+        pass
+    return system
+
+
 def simulate_contiguous_vs_paged(
     trace: list[TraceRequest], num_slots: int, block_size: int, max_seq_len: int, reserve: str = "max"
 ) -> dict:
     """Replay ``trace`` through stage 0 and stages 1-2 with the same ``num_slots`` of KV memory.
 
-    Contiguous reserves ``max_seq_len`` slots per request (``reserve="max"``) or exactly
-    prompt + output (``"exact"``, an oracle no real server has); paged gets
+    Contiguous reserves ``max_seq_len`` slots per request (``reserve="max"``), the next power of
+    two of prompt + output (``"pow2"``) or exactly prompt + output (``"exact"``, an oracle no real
+    server has); paged gets
     ``num_slots // block_size`` blocks. A request holds its prompt at admission and gains one
     token per step until it has ``total_len``, then frees its memory.
 
     Returns ``{"time": [...], "contiguous": series, "paged": series, "totals": {...}}`` where each
     series maps ``running``, ``admitted`` (cumulative, distinct), ``finished``, ``queue_len``,
-    ``used_slots`` (holding a token), ``allocated_slots`` (reserved or in allocated blocks) and
+    ``used_slots`` (holding a token), ``allocated_slots`` (reserved or in allocated blocks),
+    ``future_slots`` (allocated, to be filled by the request's later tokens) and
     ``external_fragmentation`` to one value per step; both series run until both systems finish.
     """
     num_blocks = num_slots // block_size

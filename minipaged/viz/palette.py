@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from matplotlib.colors import to_rgb
 
 PAGED, CONTIGUOUS_MAX, CONTIGUOUS_EXACT = "#0072B2", "#E69F00", "#CC79A7"
+CONTIGUOUS_POW2 = "#009E73"  # a contiguous cache reserving the next power of two (the paper's Orca (Pow2))
+RESERVED = "#56B4E9"  # slots reserved for a sequence's later tokens, not yet written
 SHARED = "#D55E00"  # vermillion: a block with ref_cnt > 1 (and, in timelines, a preemption)
 FREE, WASTE, IN_USE = "#EEEEEE", "#BBBBBB", "#9E9E9E"  # IN_USE: held by an owner the caller did not name
 CACHED, CACHED_HATCH = "#D6EAF8", ".."  # a free block that still holds a cached prefix

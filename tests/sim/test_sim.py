@@ -11,6 +11,8 @@ from minipaged.sim import (
     ContiguousReplay,
     PagedReplay,
     TraceRequest,
+    next_power_of_two,
+    replay,
     replay_steps,
     simulate_contiguous_vs_paged,
     synthetic_trace,
@@ -240,3 +242,26 @@ def test_replay_steps_validates_before_stepping():
     assert len(list(replay_steps(HAND_TRACE, system))) == 8  # two buffers of 5; 2 starts when 0 is done
     with pytest.raises(ValueError, match="already run 8 steps"):
         replay_steps(HAND_TRACE, system)
+
+
+def test_the_papers_three_reservation_rules():
+    """Orca (Max) reserves max_seq_len, (Pow2) the next power of two of prompt + output, (Oracle) exactly that."""
+    request = TraceRequest(0, 0, prompt_len=20, output_len=45)  # 65 tokens
+    sizes = {rule: ContiguousReplay(1024, 512, reserve=rule).size_of(request) for rule in ("max", "pow2", "exact")}
+    assert sizes == {"max": 512, "pow2": 128, "exact": 65}
+    assert ContiguousReplay(1024, 100, reserve="pow2").size_of(request) == 100  # never above max_seq_len
+    assert [next_power_of_two(n) for n in (1, 2, 3, 64, 65)] == [1, 2, 4, 64, 128]
+
+
+@pytest.mark.parametrize("reserve", ["max", "pow2", "exact", None])
+def test_future_slots_split_the_allocation(reserve):
+    """Allocated = holding tokens + kept for later tokens + never filled; the oracle never over-reserves."""
+    trace = synthetic_trace(60, seed=2, mean_prompt=40, mean_output=30, max_len=256, arrival_rate=2.0)
+    system = PagedReplay(64, 16) if reserve is None else ContiguousReplay(1024, 256, reserve)
+    s = replay(trace, system).series
+    assert system.finished == len(trace) and s["running"][-1] == 0
+    for used, future, allocated in zip(s["used_slots"], s["future_slots"], s["allocated_slots"], strict=True):
+        assert used + future <= allocated
+        if reserve == "exact":
+            assert used + future == allocated
+    assert sum(s["future_slots"]) > 0

@@ -1,0 +1,379 @@
+"""Benchmark: the server under load, measured the way vLLM's serving benchmark measures it.
+
+``python -m minipaged bench serve [--base-url URL] [--num-prompts 256] [--request-rate inf]
+[--max-concurrency 64] [--kv-layout paged,contiguous] [--compare-offline] [--watch-projector]``
+
+Requests arrive as a Poisson process at ``--request-rate`` per second (``inf``: all at once),
+at most ``--max-concurrency`` in flight, each a real HTTP request streamed over server-sent
+events. Printed per server, as vLLM's ``benchmark_serving`` prints them: request throughput,
+output tokens/s, and TTFT (time to first token), TPOT (time per output token after the first)
+and ITL (the gaps between streamed chunks): mean, median (p50) and p99.
+
+With ``--base-url`` the bench drives a server that is already running (minipaged's, or vLLM's:
+the requests are plain OpenAI completions). Without it, the bench starts one minipaged server
+per ``--kv-layout`` on this machine with the same KV budget and engine settings, so paged and
+contiguous are compared side by side. ``--compare-offline`` also runs ``LLM.generate`` on the
+same requests in this process and prints the server's tokens/s as a share of it (the server's
+overhead) and whether the texts are identical. ``--watch-projector`` reads the projector's frame
+stream during the run and prints how many frames it got per second.
+
+The prompts are the embedded model's copy task (a shared preamble of ``--preamble-chars``, then
+a random text), greedy. Timings are this machine's, under whatever else runs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minipaged.bench import parser
+from minipaged.tiny import task
+
+
+@dataclass
+class Result:
+    """One request as the client saw it."""
+
+    ok: bool = False
+    error: str = ""
+    text: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+
+
+def workload(num_prompts: int, preamble_chars: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    preamble = task.random_preamble(rng, preamble_chars, preamble_chars)
+    return [task.prompt_for(task.random_text(rng, 4, task.MAX_TEXT_CHARS), preamble) for _ in range(num_prompts)]
+
+
+async def one_request(client, url: str, body: dict, headers: dict) -> Result:
+    """POST one streamed completion; time its chunks."""
+    res = Result()
+    start = last = time.perf_counter()
+    first = True
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                payload = json.loads(await response.aread() or b"{}")
+                res.error = f"HTTP {response.status_code}: {payload.get('error', {}).get('message', '')}"
+                return res
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: ") :]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    res.error = chunk["error"]["message"]
+                    return res
+                if chunk.get("usage"):
+                    res.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                if not chunk.get("choices"):
+                    continue
+                # as vLLM's benchmark times them: every chunk that carries a choice is a token step
+                now = time.perf_counter()
+                if first:
+                    res.ttft, first = now - start, False
+                else:
+                    res.itl.append(now - last)
+                last = now
+                res.text += "".join(c.get("text", "") for c in chunk["choices"])
+    except Exception as e:  # a connection refused or dropped counts as a failed request, not a crash
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    res.latency = last - start  # to the last token's chunk
+    res.ok = not first
+    res.error = "" if res.ok else "no chunk with a token came back"
+    return res
+
+
+async def run_load(
+    base_url: str,
+    model: str,
+    prompts: list[str],
+    args,
+    headers: dict,
+    watch: bool,
+) -> tuple[list[Result], float, tuple[int, int] | None]:
+    """Send every prompt; returns the results, the duration and (frames, distinct steps) seen if ``watch``."""
+    import httpx
+
+    rng = np.random.default_rng(args.seed)
+    limit = args.max_concurrency or len(prompts)
+    gate = asyncio.Semaphore(limit)
+    timeout = httpx.Timeout(args.timeout, connect=30)
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=limit + 2)) as client:
+        seen: list[int] = []
+        watcher = asyncio.ensure_future(_watch(client, base_url, headers, seen)) if watch else None
+
+        async def limited(prompt: str) -> Result:
+            body = dict(
+                model=model,
+                prompt=prompt,
+                max_tokens=args.max_tokens,
+                temperature=0.0,
+                ignore_eos=args.ignore_eos,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async with gate:
+                return await one_request(client, f"{base_url}/v1/completions", body, headers)
+
+        start = time.perf_counter()
+        tasks = []
+        for prompt in prompts:
+            tasks.append(asyncio.ensure_future(limited(prompt)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        frames = None
+        if watcher is not None:
+            watcher.cancel()
+            frames = (len(seen), len(set(seen)))
+    return results, duration, frames
+
+
+async def _watch(client, base_url: str, headers: dict, seen: list[int]) -> None:
+    """Record the engine step of every projector frame pushed."""
+    async with client.stream("GET", f"{base_url}/projector/stream", headers=headers, timeout=None) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                seen.append(json.loads(line[len("data: ") :])["step"])
+
+
+def summary(results: list[Result], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    ms = lambda xs: np.asarray(xs, dtype=float) * 1000  # noqa: E731
+    ttft = ms([r.ttft for r in ok])
+    tpot = ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1])
+    itl = ms([gap for r in ok for gap in r.itl])
+    figures = {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration": duration,
+        "input_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tokens / duration,
+        "total_throughput": (in_tokens + out_tokens) / duration,
+    }
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
+        for stat, f in (("mean", np.mean), ("median", np.median), ("p99", lambda a: np.percentile(a, 99))):
+            figures[f"{stat}_{name}_ms"] = float(f(xs)) if len(xs) else float("nan")
+    errors = [r.error for r in results if not r.ok]
+    figures["first_error"] = errors[0] if errors else ""
+    return figures
+
+
+def print_summary(title: str, f: dict) -> None:
+    width = 50
+    print(f"{' Serving Benchmark Result: ' + title + ' ':=^{width}}")
+    rows = [
+        ("Successful requests:", f"{f['completed']}"),
+        ("Failed requests:", f"{f['failed']}"),
+        ("Benchmark duration (s):", f"{f['duration']:.2f}"),
+        ("Total input tokens:", f"{f['input_tokens']}"),
+        ("Total generated tokens:", f"{f['output_tokens']}"),
+        ("Request throughput (req/s):", f"{f['request_throughput']:.2f}"),
+        ("Output token throughput (tok/s):", f"{f['output_throughput']:.2f}"),
+        ("Total token throughput (tok/s):", f"{f['total_throughput']:.2f}"),
+    ]
+    for label, value in rows:
+        print(f"{label:<40}{value:>10}")
+    for name, heading in (
+        ("ttft", "Time to First Token"),
+        ("tpot", "Time per Output Token (excl. 1st token)"),
+        ("itl", "Inter-token Latency"),
+    ):
+        print(f"{heading:-^{width}}")
+        for stat, shown in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
+            print(f"{shown + ' ' + name.upper() + ' (ms):':<40}{f[f'{stat}_{name}_ms']:>10.2f}")
+    if f["first_error"]:
+        print(f"first error: {f['first_error']}")
+    print("=" * width)
+
+
+# -- servers started by the bench --------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_args(args, layout: str) -> dict:
+    kwargs = dict(
+        kv_layout=layout,
+        num_kvcache_blocks=args.num_kvcache_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+    )
+    if layout == "paged" and args.enable_prefix_caching:
+        kwargs["enable_prefix_caching"] = True
+    return kwargs
+
+
+class LocalServer:
+    """``python -m minipaged serve`` on a free loopback port, for the length of a ``with``."""
+
+    def __init__(self, kwargs: dict, num_prompts: int, start_timeout: float = 180) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "minipaged", "serve", "--port", str(self.port)]
+        for k, v in kwargs.items():
+            flag = "--" + k.replace("_", "-")
+            cmd += [flag] if v is True else [flag, str(v)]
+        cmd += ["--max-queued-requests", str(num_prompts), "--max-tokens-cap", "100000"]
+        self.cmd, self.start_timeout = cmd, start_timeout
+
+    def __enter__(self) -> LocalServer:
+        import httpx
+
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError(f"the server did not answer within {self.start_timeout} s")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def offline(kwargs: dict, prompts: list[str], args) -> tuple[float, list[str], int]:
+    """LLM.generate on the same requests: (output tokens/s, texts, output tokens).
+
+    It runs on a thread of its own, as the server's engine does, so that both use torch the same
+    way: on a busy CPU, torch's thread pool behaves very differently when called from the main
+    thread (measured here: the same steps 7x slower on 2 cores shared with other work), and the
+    comparison is meant to show the server's own cost, not that.
+    """
+    from minipaged import LLM, SamplingParams
+
+    llm = LLM(**kwargs)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+    done: dict = {}
+
+    def work() -> None:
+        start = time.perf_counter()
+        try:
+            done["outs"] = llm.generate(prompts, params, use_tqdm=False)
+        except Exception as e:  # raised again below, on the caller's thread
+            done["error"] = e
+        done["duration"] = time.perf_counter() - start
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    if "error" in done:
+        raise done["error"]
+    outs = done["outs"]
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return tokens / done["duration"], [o.outputs[0].text for o in outs], tokens
+
+
+def _rate(text: str) -> float:
+    return float("inf") if text == "inf" else float(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser("serve", __doc__)
+    p.add_argument("--base-url", help="a running server (e.g. http://127.0.0.1:8000); default: start minipaged's")
+    p.add_argument("--model", help="the model name to send (default: what GET /v1/models lists)")
+    p.add_argument("--join-code", help="the server's join code, if it has one")
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--request-rate", "--rate", type=_rate, default=float("inf"), help="requests/s, or inf")
+    p.add_argument("--max-concurrency", type=int, default=64, help="requests in flight at most (0: no limit)")
+    p.add_argument("--max-tokens", type=int, default=task.MAX_TEXT_CHARS + 1)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    p.add_argument("--preamble-chars", type=int, default=160, help="the shared preamble's length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600, help="seconds one request may take")
+    p.add_argument("--watch-projector", action="store_true", help="count the projector frames pushed meanwhile")
+    p.add_argument("--compare-offline", action="store_true", help="also run LLM.generate on the same requests")
+    g = p.add_argument_group("servers started by the bench (without --base-url)")
+    g.add_argument("--kv-layout", default="paged", help="paged, contiguous, or both: paged,contiguous")
+    g.add_argument("--num-kvcache-blocks", type=int, default=512)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-model-len", type=int, default=320)
+    g.add_argument("--enable-prefix-caching", action="store_true")
+    args = p.parse_args(argv)
+    prompts = workload(args.num_prompts, args.preamble_chars, args.seed)
+    headers = {"Authorization": f"Bearer {args.join_code}"} if args.join_code else {}
+    print(
+        f"{len(prompts)} requests, rate {args.request_rate}/s, at most {args.max_concurrency or 'all'} at once, "
+        f"max_tokens {args.max_tokens}{' (ignore_eos)' if args.ignore_eos else ''}"
+    )
+    if args.base_url:
+        rows = {"server": _bench(args.base_url.rstrip("/"), prompts, args, headers)}
+    else:
+        rows = {}
+        for layout in args.kv_layout.split(","):
+            kwargs = engine_args(args, layout)
+            with LocalServer(kwargs, len(prompts)) as server:
+                rows[layout] = _bench(server.url, prompts, args, headers, title=layout)
+            if args.compare_offline:
+                _compare_offline(kwargs, prompts, args, rows[layout])
+    if len(rows) > 1:
+        (a, fa), (b, fb) = list(rows.items())[:2]
+        print(
+            f"{a} / {b}: output tokens/s x{fa['output_throughput'] / fb['output_throughput']:.2f}, "
+            f"mean TTFT x{fa['mean_ttft_ms'] / fb['mean_ttft_ms']:.2f}"
+        )
+
+
+def _bench(base_url: str, prompts: list[str], args, headers: dict, title: str = "server") -> dict:
+    import httpx
+
+    model = args.model or httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    results, duration, frames = asyncio.run(run_load(base_url, model, prompts, args, headers, args.watch_projector))
+    figures = summary(results, duration)
+    figures["texts"] = [r.text for r in results]
+    print_summary(title, figures)
+    if frames is not None:
+        print(
+            f"projector: {frames[0] / duration:.1f} frames/s pushed during the run "
+            f"({frames[1] / duration:.1f}/s showing a new engine step)"
+        )
+    return figures
+
+
+def _compare_offline(kwargs: dict, prompts: list[str], args, served: dict) -> None:
+    rate, texts, tokens = offline(kwargs, prompts, args)
+    same = sum(a == b for a, b in zip(texts, served["texts"]))
+    print(
+        f"LLM.generate on the same {len(prompts)} requests: {rate:.2f} output tokens/s ({tokens} tokens); "
+        f"through the server {served['output_throughput']:.2f}: {100 * served['output_throughput'] / rate:.0f}% "
+        f"of it; texts identical {same}/{len(prompts)}"
+    )

@@ -1,0 +1,117 @@
+"""The measured figures' common ground: the paper's systems as engines, one KV budget, and the runs.
+
+- :func:`make_llm` builds Orca (Max / Pow2 / Oracle) as the contiguous layout with a reservation
+  rule, and vLLM as the paged layout, all on the same model and the same KV memory (:data:`BUDGET`:
+  64 blocks of 16 slots, ``max_model_len`` 512: an Orca (Max) reservation is half the pool).
+- :func:`serve_at_rate` serves requests arriving as a Poisson process on a clock that advances
+  by each step's measured time, and jumps over idle gaps (no sleeping): a server's latencies,
+  measured, in the time the engine actually worked.
+- :class:`StepRecorder` reads ``kv_stats()`` after every engine step, whoever drives the steps
+  (``generate``, ``beam_search``), without timing code in the engine.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+from minipaged import LLM, SamplingParams
+from minipaged.model.config import ModelConfig
+from minipaged.model.loader import EMBEDDED_MODEL_DIR
+from minipaged.model.random_models import is_random_model, random_model_config
+from minipaged.paper.workloads import WorkItem
+
+MODEL = "random:smollm2-135m"  # bandwidth-bound on a CPU, like a GPU's serving regime (docs/paper.md)
+BUDGET = dict(num_kvcache_blocks=64, block_size=16, max_model_len=512)
+RESERVE_RULES = {"orca-max": "max", "orca-pow2": "pow2", "orca-oracle": "oracle", "paged": None}
+
+
+def make_llm(system: str, model: str | None = MODEL, **kw) -> LLM:
+    """The engine for ``system`` (a key of :data:`RESERVE_RULES`); ``kw`` go to :class:`LLM`."""
+    reserve = RESERVE_RULES[system]
+    if reserve is None:
+        return LLM(model, **kw)
+    return LLM(model, kv_layout="contiguous", contiguous_reserve=reserve, **kw)
+
+
+def vocab_size(model: str | None) -> int:
+    """The vocabulary of ``model`` (a ``random:`` name, a folder, or None: the embedded model), read from its config."""
+    if is_random_model(model):
+        return random_model_config(model).vocab_size
+    return ModelConfig.from_folder(EMBEDDED_MODEL_DIR if model is None else model).vocab_size
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    """Every figure's requests: greedy, exactly ``max_tokens`` tokens (the trace fixes output lengths)."""
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def warm_up(llm: LLM) -> None:
+    """One short request, so that first-call costs (allocations, lazy imports) are not timed."""
+    vocab = llm.model.config.vocab_size
+    llm.generate([[i % vocab for i in range(1, 9)]], greedy(2), use_tqdm=False)
+
+
+def serve_at_rate(llm: LLM, requests: list[WorkItem], rate: float, seed: int = 0) -> dict:
+    """Serve ``requests`` arriving at ``rate`` per second (Poisson); returns latencies in seconds.
+
+    The clock advances by each :meth:`LLM.step`'s measured time; when nothing runs it jumps to
+    the next arrival. Returns ``{"normalized_latency": mean over requests of (finish - arrival) /
+    output tokens, "latencies": [...], "seconds": the clock at the end, "busy_seconds": time spent
+    in steps}``.
+    """
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in requests:
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+    clock, busy, nxt = 0.0, 0.0, 0
+    arrived: dict[int, tuple[float, int]] = {}  # request id -> (arrival, output tokens)
+    finished: dict[int, float] = {}
+    while nxt < len(requests) or llm.has_unfinished_requests():
+        if not llm.has_unfinished_requests():
+            clock = max(clock, arrivals[nxt])  # idle: nothing to do until the next request
+        while nxt < len(requests) and arrivals[nxt] <= clock:
+            prompt, n = requests[nxt]
+            arrived[llm.add_request(prompt, greedy(n))] = (arrivals[nxt], n)
+            nxt += 1
+        start = time.perf_counter()
+        snapshot = llm.step()
+        spent = time.perf_counter() - start
+        clock, busy = clock + spent, busy + spent
+        for out in snapshot.finished:
+            finished[out.request_id] = clock
+    latencies = [(finished[rid] - at) / n for rid, (at, n) in arrived.items()]
+    return {
+        "normalized_latency": sum(latencies) / len(latencies),
+        "latencies": latencies,
+        "seconds": clock,
+        "busy_seconds": busy,
+    }
+
+
+class StepRecorder:
+    """``with StepRecorder(llm) as rec: llm.generate(...)``: ``rec.stats`` holds ``kv_stats()`` after each step.
+
+    It wraps the KV manager's ``mark_written`` (called once per step, once the step's blocks are
+    written) for the duration of the block, so the engine carries no recording code.
+    """
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self.stats: list[dict] = []
+
+    def __enter__(self) -> StepRecorder:
+        kv = self.llm.kv_manager
+        original: Callable[[], None] = kv.mark_written
+
+        def recorded() -> None:
+            original()
+            self.stats.append(self.llm.kv_stats())
+
+        kv.mark_written = recorded
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.llm.kv_manager.mark_written  # the instance attribute hid the class's method

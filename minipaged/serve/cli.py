@@ -1,0 +1,139 @@
+"""``python -m minipaged serve [MODEL] [--host H] [--port P] [engine args]``: start the server.
+
+Every ``LLM`` keyword is a flag, spelled as vLLM spells its own (underscores as dashes:
+``--max-model-len``, ``--num-kvcache-blocks``, ``--enable-prefix-caching``, ``--kv-layout``);
+the flags are made from :class:`~minipaged.engine.config.EngineConfig`'s fields, so a new engine
+setting gets its flag without a change here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+ENGINE_HELP = {
+    "block_size": "tokens per KV block",
+    "num_kvcache_blocks": "KV pool size in blocks (default: from --kv-cache-memory)",
+    "kv_cache_memory": "KV pool budget in bytes, when --num-kvcache-blocks is not given",
+    "max_num_seqs": "sequences run together in one step at most",
+    "max_num_batched_tokens": "tokens computed in one step at most (longer prompts are prefilled in chunks)",
+    "max_model_len": "prompt + output tokens of one sequence at most (default: the model's)",
+    "enable_prefix_caching": "share the K/V of prompt prefixes already computed (stage 6)",
+    "attention_backend": "reference | torch | triton | auto",
+    "kv_layout": "paged, or contiguous (stage 0's max_model_len reservation, to compare)",
+}
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """One flag per EngineConfig field; returns the field names."""
+    from minipaged.engine.config import EngineConfig
+
+    group = parser.add_argument_group("engine (the keywords of minipaged.LLM)")
+    group.add_argument("--dtype", default=argparse.SUPPRESS, help="float32 (default), bfloat16, float16")
+    group.add_argument("--device", default=argparse.SUPPRESS, help="cpu or cuda (default: cuda if available)")
+    names = []
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{ENGINE_HELP.get(f.name, f.name)} (default: {f.default})"
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if kind == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        else:
+            conv = int if kind.startswith("int") else float if kind.startswith("float") else str
+            group.add_argument(flag, type=conv, default=argparse.SUPPRESS, metavar=f.name.upper(), help=help_text)
+        names.append(f.name)
+    return names
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+    from minipaged.serve.limits import PER_CLIENT_OFF_LOOPBACK, Limits
+
+    d = Limits()
+    p = argparse.ArgumentParser(
+        prog="python -m minipaged serve",
+        description="An OpenAI-compatible HTTP server over the engine, with a live projector page (/) and a "
+        "page for students (/try). See docs/serving.md and docs/teaching.md.",
+    )
+    p.add_argument(
+        "model", nargs="?", default=None, help="a model folder, or random:NAME (default: the embedded model)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--join-code", help="the code every request must carry (made up and printed if --host is not loopback)"
+    )
+    p.add_argument(
+        "--preamble", type=Path, metavar="FILE", help="the lesson's shared prompt, put before every text prompt"
+    )
+    p.add_argument("--served-model-name", help="the model's name in the API (default: the model folder's name)")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="413 above (default: %(default)s)")
+    lim.add_argument("--max-prompt-tokens", type=int, help="400 above (default: max_model_len - 1)")
+    lim.add_argument("--max-tokens-cap", type=int, default=d.max_tokens, help="400 above (default: %(default)s)")
+    lim.add_argument(
+        "--max-requests-per-client",
+        type=int,
+        help=f"429 above; 0 = no cap (default: {PER_CLIENT_OFF_LOOPBACK} off loopback, no cap on loopback)",
+    )
+    lim.add_argument(
+        "--max-queued-requests", type=int, default=d.max_queued_requests, help="503 above (default: %(default)s)"
+    )
+    return p, _engine_flags(p)
+
+
+def main(argv: list[str]) -> None:
+    parser, engine_names = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        import uvicorn
+
+        from minipaged.serve.app import create_app
+    except ImportError as e:
+        parser.error(f'the server needs its libraries ({e.name} is missing): pip install -e ".[serve]"')
+    from minipaged.engine.llm import LLM
+    from minipaged.model.loader import EMBEDDED_MODEL_DIR
+    from minipaged.serve.access import is_loopback, new_join_code
+    from minipaged.serve.chat import ChatTemplate
+    from minipaged.serve.limits import Limits
+
+    engine_args = {k: getattr(args, k) for k in [*engine_names, "dtype", "device"] if hasattr(args, k)}
+    try:
+        preamble = args.preamble.read_text() if args.preamble else None
+        llm = LLM(args.model, **engine_args)
+    except (OSError, ValueError, TypeError) as e:
+        parser.error(str(e))
+    folder = EMBEDDED_MODEL_DIR if args.model is None else Path(args.model)
+    folder = folder if folder.is_dir() else None
+    name = args.served_model_name or (folder.name if folder is not None else args.model)
+    loopback = is_loopback(args.host)
+    join_code = args.join_code or (None if loopback else new_join_code())
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens=args.max_tokens_cap,
+        max_requests_per_client=args.max_requests_per_client,
+        max_queued_requests=args.max_queued_requests,
+    )
+    app = create_app(
+        llm,
+        model_name=name,
+        limits=limits,
+        loopback=loopback,
+        join_code=join_code,
+        preamble=preamble,
+        chat_template=ChatTemplate.from_folder(folder),
+    )
+    shown = "THIS-MACHINE'S-ADDRESS" if args.host in ("0.0.0.0", "::") else args.host
+    base = f"http://{shown}:{args.port}"
+    code = f"?code={join_code}" if join_code else ""
+    stats = llm.kv_stats()
+    print(f"minipaged serve: {name}, {stats['kv_layout']} KV cache of {llm.num_blocks} blocks x {llm.block_size}")
+    print(f"  projector: {base}/{code}")
+    print(f"  students:  {base}/try{code}")
+    print(f"  API:       {base}/v1  (openai client: base_url='{base}/v1', api_key='{join_code or 'any'}')")
+    if join_code:
+        print(f"  join code: {join_code}")
+    sys.stdout.flush()
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

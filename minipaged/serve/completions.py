@@ -1,0 +1,184 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``: from an HTTP request to the engine and back.
+
+A handler checks the request (:mod:`minipaged.serve.protocol`, :mod:`minipaged.serve.inputs`),
+asks admission control for room (:mod:`minipaged.serve.limits`), submits one engine request
+per prompt to the engine loop, then either waits for the final outputs or streams them as
+server-sent events, one chunk per choice per engine step (coalesced if the client reads slower
+than the engine steps). Whatever way the request ends (finished, failed, or the client gone),
+the unfinished engine requests are aborted and the admission ticket returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minipaged.engine.outputs import RequestOutput
+from minipaged.serve import protocol
+from minipaged.serve.deltas import TextStream
+from minipaged.serve.engine_loop import Submission
+from minipaged.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
+
+router = APIRouter()
+LABEL_CHARS = 16
+
+
+class EngineStream(StreamingResponse):
+    """A server-sent-event stream that calls ``on_close`` however it ends, even if it never started."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def clean_label(user: str | None) -> str:
+    """The ``user`` field as a short label for the projector (printable characters only)."""
+    return "".join(c for c in (user or "") if c.isprintable()).strip()[:LABEL_CHARS]
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    server = request.app.state.server
+    req = protocol.parse(CompletionRequest, await request.body())
+    server.check_model(req.model)
+    prompts = req.prompts()
+    encoded = [server.inputs.prompt(p, i, len(prompts) > 1) for i, p in enumerate(prompts)]
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default for completions
+    params = server.inputs.sampling_params(req, [ids for _, ids in encoded], max_tokens)
+    return await _run(request, req, encoded, params, chat=False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    server = request.app.state.server
+    req = protocol.parse(ChatCompletionRequest, await request.body())
+    server.check_model(req.model)
+    if server.chat_template is None:
+        raise APIError(
+            400,
+            f"messages: model '{server.model_name}' has no chat template (no chat_template in its "
+            f"tokenizer_config.json), so it cannot chat: use /v1/completions with a prompt",
+            "messages",
+        )
+    if not req.messages:
+        raise APIError(400, "messages: at least one message is needed", "messages")
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    if server.inputs.preamble is not None and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": server.inputs.preamble})
+    text = server.chat_template.render(messages)
+    ids = server.inputs.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the specials
+    server.inputs.check_ids(ids, "messages")
+    params = server.inputs.sampling_params(req, [ids], req.output_cap)
+    return await _run(request, req, [(ids, ids)], params, chat=True)
+
+
+async def _run(request: Request, req, encoded: list, params, chat: bool) -> Response:
+    server = request.app.state.server
+    client = request.client.host if request.client else "unknown"
+    ticket = server.admission.admit(client, len(encoded), server.loop.num_running_requests)
+    events: asyncio.Queue = asyncio.Queue()
+    label = clean_label(req.user)
+    subs = [
+        Submission(prompt, params, events, label=label, prompt_index=i, num_prompt_tokens=len(ids))
+        for i, (prompt, ids) in enumerate(encoded)
+    ]
+    for sub in subs:
+        server.loop.submit(sub)
+
+    def close() -> None:
+        for sub in subs:
+            server.loop.abort(sub)
+        ticket.release()
+
+    response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        chunks = _stream(events, subs, req, response_id, server.model_name, chat, include_usage)
+        return EngineStream(chunks, on_close=close)
+    try:
+        outputs = await _until_done_or_gone(request, _collect(events, len(subs)))
+    finally:
+        close()
+    if outputs is None:  # the client left: nobody to answer
+        return Response(status_code=499)
+    if chat:
+        return JSONResponse(protocol.chat_response(response_id, server.model_name, outputs[0]))
+    return JSONResponse(protocol.completion_response(response_id, server.model_name, outputs, req.n))
+
+
+async def _collect(events: asyncio.Queue, count: int) -> list[RequestOutput]:
+    final: dict[int, RequestOutput] = {}
+    while len(final) < count:
+        sub, event = await events.get()
+        if isinstance(event, APIError):
+            raise event
+        if event.finished:
+            final[sub.prompt_index] = event
+    return [final[i] for i in range(count)]
+
+
+async def _until_done_or_gone(request: Request, work) -> list[RequestOutput] | None:
+    """``work``'s result, or None if the client disconnects first."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task.done() and not task.cancelled() else None
+
+
+async def _stream(
+    events: asyncio.Queue, subs: list[Submission], req, response_id: str, model: str, chat: bool, include_usage: bool
+) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per choice whenever its text grows; an error event if the engine fails."""
+    texts: dict[int, TextStream] = {}
+    closed: set[int] = set()
+    final: dict[int, RequestOutput] = {}
+    if chat:
+        for i in range(req.n):
+            yield protocol.sse(protocol.stream_chunk(response_id, model, chat, i, None, None))
+    while len(final) < len(subs):
+        batch = [await events.get()]
+        while not events.empty():  # the client fell behind: send only the latest text of each request
+            batch.append(events.get_nowait())
+        latest: dict[int, RequestOutput] = {}
+        for sub, event in batch:
+            if isinstance(event, APIError):
+                yield protocol.sse(event.body())
+                yield protocol.sse("[DONE]")
+                return
+            latest[sub.prompt_index] = event
+        for prompt_index, out in sorted(latest.items()):
+            for c in out.outputs:
+                index = protocol.choice_index(prompt_index, c.index, req.n)
+                if index in closed:
+                    continue
+                done = c.finish_reason is not None
+                piece = texts.setdefault(index, TextStream(req.stop_strings)).delta(c.text, done)
+                if piece or done:
+                    chunk = protocol.stream_chunk(response_id, model, chat, index, piece, c.finish_reason)
+                    yield protocol.sse(chunk)
+                if done:
+                    closed.add(index)
+            if out.finished:
+                final[prompt_index] = out
+    if include_usage:
+        yield protocol.sse(protocol.usage_chunk(response_id, model, chat, [final[i] for i in range(len(subs))]))
+    yield protocol.sse("[DONE]")

@@ -1,0 +1,133 @@
+"""What the projector page draws, computed from the engine's step snapshots: pure functions.
+
+:func:`step_events` compares two consecutive :class:`StepSnapshot` s and names what the step
+did to the pool, which the page flashes:
+
+- **copy-on-write**: a sequence's block table changed at an index it already had (a sample of
+  ``n > 1`` got its own copy of a shared block before writing into it);
+- **prefix-cache hits**: the leading blocks of a sequence admitted this step that were already
+  computed (the scheduler reports them as ``num_computed_tokens`` at admission);
+- **evictions**: blocks that were free but still cached, and now hold something else.
+
+:func:`frame` turns one snapshot into the JSON the page draws: every block (``ref_cnt``,
+cached or not, its owners), the running and waiting requests with their block tables, the inks
+of the course's palette, and the figures passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from minipaged.engine.outputs import StepSnapshot
+from minipaged.viz import palette
+
+EVENT_KINDS = ("cow", "hits", "evicted", "preempted")
+
+
+def no_events() -> dict:
+    return {k: [] for k in EVENT_KINDS}
+
+
+def step_events(prev: StepSnapshot | None, cur: StepSnapshot, block_size: int) -> dict:
+    """What one step did to the pool: ``cow`` [(old block, new block)], ``hits`` [block],
+    ``evicted`` [block], ``preempted`` [seq id]."""
+    before = prev.block_tables if prev is not None else {}
+    cow = []
+    for seq, table in cur.block_tables.items():
+        old = before.get(seq, [])
+        cow += [(a, b) for a, b in zip(old, table) if a != b]
+    hits = []
+    for s in cur.scheduled:
+        if s["seq_id"] not in before and s["num_computed_tokens"]:
+            hits += cur.block_tables.get(s["seq_id"], [])[: s["num_computed_tokens"] // block_size]
+    evicted = []
+    if prev is not None and prev.cached and cur.ref_cnt:
+        revived = set(hits)
+        evicted = [
+            b
+            for b, (was_cached, ref) in enumerate(zip(prev.cached, prev.ref_cnt))
+            if was_cached and ref == 0 and b not in revived and (cur.ref_cnt[b] > 0 or not cur.cached[b])
+        ]
+    return {"cow": cow, "hits": hits, "evicted": evicted, "preempted": list(cur.preempted)}
+
+
+def merge_events(into: dict, more: dict) -> dict:
+    for k in EVENT_KINDS:
+        into[k] += more[k]
+    return into
+
+
+def frame(
+    snap: StepSnapshot,
+    seqs: Mapping[int, tuple[int, int]],
+    labels: Mapping[int, str],
+    events: dict,
+    figures: dict,
+    num_blocks: int,
+    block_size: int,
+) -> dict:
+    """The page's picture after ``snap``.
+
+    seqs: seq id -> (request id, sample index) for every running or waiting sequence;
+    labels: request id -> the name shown for it. Returns a JSON-ready dict: ``blocks`` holds
+    one ``[ref_cnt, cached (0/1), [owner request ids]]`` per physical block (empty for a
+    contiguous cache, which has no blocks to draw), ``running`` / ``waiting`` the requests in
+    queue order, ``inks`` request id -> [colour, hatch or null].
+    """
+    owners: dict[int, list[int]] = {}
+    for seq, table in snap.block_tables.items():
+        rid = seqs.get(seq, (-1, 0))[0]
+        for b in table:
+            holders = owners.setdefault(b, [])
+            if rid not in holders:
+                holders.append(rid)
+    blocks = [[ref, int(cached), owners.get(b, [])] for b, (ref, cached) in enumerate(zip(snap.ref_cnt, snap.cached))]
+    scheduled = {s["seq_id"]: s["kind"] for s in snap.scheduled}
+    running: dict[int, dict] = {}
+    for seq in snap.running:
+        rid, sample = seqs.get(seq, (-1, 0))
+        entry = running.setdefault(rid, {"id": rid, "label": labels.get(rid, f"R{rid}"), "samples": []})
+        entry["samples"].append(
+            {
+                "seq": seq,
+                "sample": sample,
+                "blocks": snap.block_tables.get(seq, []),
+                "tokens": snap.num_tokens.get(seq, 0),
+                "state": scheduled.get(seq, "idle"),
+            }
+        )
+    waiting = []
+    for seq in snap.waiting:
+        rid = seqs.get(seq, (-1, 0))[0]
+        if not any(w["id"] == rid for w in waiting):
+            waiting.append({"id": rid, "label": labels.get(rid, f"R{rid}")})
+    alive = list(running) + [w["id"] for w in waiting]
+    inks = {str(rid): [ink.color, ink.hatch] for rid, ink in palette.owner_inks(alive).items()}
+    return {
+        "step": snap.step,
+        "num_blocks": num_blocks,
+        "block_size": block_size,
+        "blocks": blocks,
+        "running": list(running.values()),
+        "waiting": waiting,
+        "inks": inks,
+        "events": {
+            "cow": [list(pair) for pair in events["cow"]],
+            "hits": events["hits"],
+            "evicted": events["evicted"],
+            "preempted": sorted({seqs.get(s, (-1, 0))[0] for s in events["preempted"]}),
+        },
+        "figures": figures,
+    }
+
+
+def page_palette() -> dict:
+    """The colours the page uses for block states, from the course's palette."""
+    return {
+        "free": palette.FREE,
+        "in_use": palette.IN_USE,
+        "shared": palette.SHARED,
+        "cached": palette.CACHED,
+        "muted": palette.MUTED,
+        "states": palette.STATE_COLORS,
+    }

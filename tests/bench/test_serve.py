@@ -1,0 +1,71 @@
+"""``bench serve`` on short runs: it prints every figure vLLM's serving benchmark prints.
+
+No timing is asserted: only that each figure is there and is a number, that every request
+succeeded, and (offline comparison) that the texts through the server equal ``LLM.generate``'s.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+pytest.importorskip("fastapi", reason='the server needs its libraries: pip install -e ".[serve]"')
+from serve.harness import ServerThread  # noqa: E402
+
+from minipaged import LLM  # noqa: E402
+from minipaged.bench import serve as bench_serve  # noqa: E402
+from minipaged.serve.app import create_app  # noqa: E402
+
+FIGURES = [
+    "Successful requests:",
+    "Benchmark duration (s):",
+    "Total input tokens:",
+    "Total generated tokens:",
+    "Request throughput (req/s):",
+    "Output token throughput (tok/s):",
+    "Total token throughput (tok/s):",
+] + [f"{stat} {name} (ms):" for name in ("TTFT", "TPOT", "ITL") for stat in ("Mean", "Median", "P99")]
+
+
+def figures(out: str) -> dict[str, list[float]]:
+    """Each figure's values, in the order printed (one per server)."""
+    found: dict[str, list[float]] = {}
+    for line in out.splitlines():
+        for name in FIGURES:
+            if line.startswith(name):
+                found.setdefault(name, []).append(float(line[len(name) :]))
+    return found
+
+
+def test_bench_serve_prints_every_figure(capsys):
+    llm = LLM(num_kvcache_blocks=64, max_num_seqs=8, enable_prefix_caching=True)
+    with ServerThread(create_app(llm, model_name="tiny-copy")) as s:
+        bench_serve.main(
+            ["--base-url", s.url, "--num-prompts", "8", "--request-rate", "20", "--max-concurrency", "4"]
+            + ["--max-tokens", "12", "--ignore-eos", "--preamble-chars", "40", "--watch-projector"]
+        )
+    out = capsys.readouterr().out
+    found = figures(out)
+    assert set(found) == set(FIGURES), set(FIGURES) - set(found)
+    assert all(math.isfinite(v[0]) and v[0] >= 0 for v in found.values())
+    assert found["Successful requests:"] == [8] and found["Total generated tokens:"] == [8 * 12]
+    assert "Failed requests:                                 0" in out
+    assert re.search(r"projector: [\d.]+ frames/s pushed during the run", out)
+
+
+@pytest.mark.slow
+def test_bench_serve_compares_paged_contiguous_and_offline(capsys):
+    """Two servers started by the bench (subprocesses), one KV budget; LLM.generate beside them."""
+    bench_serve.main(
+        ["--num-prompts", "6", "--max-concurrency", "3", "--max-tokens", "8", "--ignore-eos", "--preamble-chars", "20"]
+        + ["--kv-layout", "paged,contiguous", "--num-kvcache-blocks", "64", "--max-model-len", "128"]
+        + ["--compare-offline"]
+    )
+    out = capsys.readouterr().out
+    found = figures(out)
+    assert found["Successful requests:"] == [6, 6] and found["Total generated tokens:"] == [48, 48]
+    assert "Serving Benchmark Result: paged" in out and "Serving Benchmark Result: contiguous" in out
+    assert out.count("texts identical 6/6") == 2
+    assert re.search(r"paged / contiguous: output tokens/s x[\d.]+", out)

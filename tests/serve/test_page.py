@@ -1,0 +1,121 @@
+"""The projector page and /try in headless Chromium, driven by Playwright (as tests/browser/ does).
+
+The page shows the pool, and its picture changes while requests run; /try sends a student's
+text, shows the answer, and outlines that student's blocks. Needs Chromium (Debian: ``apt-get
+install chromium``, or ``MINIPAGED_CHROMIUM``) and playwright; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import httpx
+import pytest
+from browser.jupyterlab import find_chromium
+from serve.harness import ENGINE, ServerThread, wait_idle
+
+from minipaged import LLM
+from minipaged.serve.app import create_app
+from minipaged.tiny import task
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+TIMEOUT_MS = 60_000
+PREAMBLE = "You copy the text after the marker, exactly. " * 3  # 135 chars: 8 shared blocks
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip('playwright is not installed: pip install -e ".[test]"')
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("Chromium not found: apt-get install chromium, or set MINIPAGED_CHROMIUM")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=chromium,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+        )
+        context = b.new_context(viewport={"width": 1280, "height": 800})
+        context.set_default_timeout(TIMEOUT_MS)
+        yield context
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def classroom():
+    app = create_app(LLM(**ENGINE), model_name="tiny-copy", preamble=PREAMBLE, join_code="ROOM42", loopback=False)
+    with ServerThread(app) as s:
+        yield s
+
+
+def states(page) -> list[str]:
+    return page.eval_on_selector_all("#pool rect", "rects => rects.map(r => r.dataset.state)")
+
+
+def test_the_projector_shows_the_pool_and_its_picture_changes_while_requests_run(browser, classroom):
+    page = browser.new_page()
+    page.goto(f"{classroom.url}/?code=ROOM42")
+    page.wait_for_function("document.querySelectorAll('#pool rect').length > 0")
+    assert len(states(page)) == ENGINE["num_kvcache_blocks"]
+    idle = states(page)
+    assert set(idle) == {"free"}
+    assert "free" in page.inner_text("#legend") and "shared" in page.inner_text("#legend")
+
+    def students():
+        with httpx.Client(timeout=120, headers={"Authorization": "Bearer ROOM42"}) as c:
+            threads = [
+                threading.Thread(
+                    target=c.post,
+                    args=(f"{classroom.url}/v1/completions",),
+                    kwargs={"json": {"prompt": f"student {i}", "max_tokens": 120, "ignore_eos": True, "user": f"s{i}"}},
+                )
+                for i in range(6)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+    sender = threading.Thread(target=students)
+    frame_before = int(page.get_attribute("body", "data-frame"))
+    sender.start()
+    # six students share the preamble's blocks: the picture shows shared blocks, then changes again
+    page.wait_for_function("[...document.querySelectorAll('#pool rect')].some(r => r.dataset.state === 'shared')")
+    during = states(page)
+    assert during != idle and "used" in during
+    page.wait_for_function(f"Number(document.body.dataset.frame) > {frame_before + 3}")
+    assert page.locator("#running li").count() >= 1
+    assert "tokens / s" in page.inner_text("#figures")
+    sender.join(300)
+    wait_idle(classroom.url, ENGINE["num_kvcache_blocks"], {"Authorization": "Bearer ROOM42"})
+    page.wait_for_function("![...document.querySelectorAll('#pool rect')].some(r => r.dataset.state === 'used')")
+    after = states(page)
+    assert "cached" in after and "used" not in after  # the preamble's blocks stay cached, free
+    page.close()
+
+
+def test_try_sends_a_students_text_and_outlines_their_blocks(browser, classroom):
+    page = browser.new_page()
+    page.goto(f"{classroom.url}/try?code=ROOM42")
+    page.wait_for_function("document.querySelectorAll('#mine-pool rect').length > 0")
+    assert "preamble" in page.inner_text("#preamble-note")
+    text = "my blocks are outlined on the pool"
+    page.fill("#name", "ana")
+    page.fill("#text", text)
+    page.fill("#max-tokens", "60")
+    page.click("#send")
+    page.wait_for_function("document.querySelectorAll('#mine-pool rect.mine').length > 0")
+    page.wait_for_function(f"document.getElementById('answer').textContent === {text!r}")
+    assert task.expected_completion(text) == page.inner_text("#answer")
+    page.close()
+
+
+def test_a_page_without_the_join_code_is_refused(browser, classroom):
+    page = browser.new_page()
+    response = page.goto(f"{classroom.url}/")
+    assert response.status == 401 and "join code" in page.content()
+    page.close()

@@ -1,0 +1,54 @@
+"""``python -m minipaged serve``: one flag per engine keyword, and a join code off loopback."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+import uvicorn
+from serve.harness import ServerThread
+
+from minipaged.__main__ import main
+
+ENGINE_FLAGS = ["--max-model-len", "--num-kvcache-blocks", "--max-num-seqs", "--enable-prefix-caching", "--kv-layout"]
+
+
+def test_help_lists_every_engine_flag_and_limit(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.startswith("usage: python -m minipaged serve")
+    for flag in [*ENGINE_FLAGS, "--block-size", "--dtype", "--host", "--port", "--join-code", "--preamble"]:
+        assert flag in out
+    for flag in ["--max-body-bytes", "--max-prompt-tokens", "--max-tokens-cap", "--max-requests-per-client"]:
+        assert flag in out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--kv-layout", "ring"], "kv_layout must be one of"),
+        (["--num-kvcache-blocks", "0"], "num_kvcache_blocks must be >= 1"),
+        (["--kv-layout", "contiguous", "--enable-prefix-caching"], "prefix caching needs kv_layout='paged'"),
+        (["--max-num-seqs", "many"], "invalid int value"),
+        (["--preamble", "/no/such/file"], "No such file"),
+    ],
+)
+def test_bad_engine_arguments_exit_2_and_say_why(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_off_loopback_a_join_code_is_made_up_printed_and_required(monkeypatch, capsys):
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: served.update(app=app, host=host, port=port))
+    main(["serve", "--host", "0.0.0.0", "--port", "8123", "--num-kvcache-blocks", "32", "--max-model-len", "256"])
+    out = capsys.readouterr().out
+    code = re.search(r"join code: (\w+)", out).group(1)
+    assert f"/try?code={code}" in out and served["host"] == "0.0.0.0" and served["port"] == 8123
+    with ServerThread(served["app"]) as s:  # the same app, served on loopback for the test
+        assert httpx.get(f"{s.url}/v1/models", timeout=30).status_code == 401
+        models = httpx.get(f"{s.url}/v1/models", headers={"Authorization": f"Bearer {code}"}, timeout=30).json()
+        assert models["data"][0]["id"] == "tiny-copy" and models["data"][0]["max_model_len"] == 256
