@@ -34,9 +34,8 @@ class EngineInputs:
         self.vocab_size = llm.model.config.vocab_size
         self.max_model_len = llm.max_model_len
         self.max_num_seqs = llm.config.max_num_seqs
-        self.block_size = llm.block_size
-        self.pool_blocks = llm.num_blocks if llm.kv_stats()["kv_layout"] == "paged" else None
         self.limits = limits
+        self.engine_limits = llm.limits  # what the engine itself refuses, checked the engine's way
         self.max_prompt_tokens = min(limits.max_prompt_tokens or self.max_model_len - 1, self.max_model_len - 1)
         self.preamble = preamble
         specials = getattr(self.tokenizer, "special_ids", {})
@@ -112,10 +111,7 @@ class EngineInputs:
             raise APIError(400, f"{name}: {e}", name if name in PARAM_NAMES else None) from None
         for i, ids in enumerate(prompts):  # the engine's own check, last: e.g. more blocks than the pool has
             try:
-                engine_inputs.check_request(
-                    ids, params, i, self.vocab_size, self.max_model_len, self.max_num_seqs, self.pool_blocks,
-                    self.block_size,
-                )  # fmt: skip
+                engine_inputs.check_request(ids, params, i, self.engine_limits)
             except (ValueError, TypeError) as e:
                 raise APIError(400, f"prompt: {e}", "prompt") from None
         return params
