@@ -6,8 +6,8 @@ CPU memory and later copies them back. The paper (A100, PCIe) finds swapping exp
 small blocks (many small transfers), recomputation flat across block sizes, and the two
 comparable from 16 to 64.
 
-Here both modes serve the same Alpaca-shaped requests on one tight pool (1,024 slots) at each
-block size. A step's time is fitted, over both modes' steps at that block size, as
+Here both modes serve the same Alpaca-shaped requests on one tight pool (1,024 slots unless
+said otherwise) at each block size. A step's time is fitted, over both modes' steps at that block size, as
 ``F + m x decode rows + p x prefill tokens + s x blocks swapped (in or out)``: ``s`` is the
 time per swapped block, and ``p x block_size`` the time to recompute a block's tokens. On a CPU
 a "swap" is a copy between two tensors in the same memory, so the per-transfer overhead is
@@ -27,7 +27,6 @@ from minipaged.paper.serving import alpaca_requests
 
 BLOCK_SIZES = (4, 8, 16, 32, 64, 128)
 PAPER = {"comparable_block_sizes": "16-64"}
-SWAP_SPACE = 1 << 30  # bytes of CPU memory for swapped blocks: more than the whole pool
 
 
 def _swapped_per_step(run: EngineRun) -> list[int]:
@@ -52,10 +51,10 @@ def swap_vs_recompute(
     num_requests: int = 24,
     max_output: int | None = None,
     model: str | None = MODEL,
+    slots: int = BUDGET["num_kvcache_blocks"] * BUDGET["block_size"],
     quick: bool = False,
 ) -> PaperResult:
     res = PaperResult("fig19", "Fig. 19: swap against recompute, per preempted block", "measured", quick=quick)
-    slots = BUDGET["num_kvcache_blocks"] * BUDGET["block_size"]
     requests = alpaca_requests(num_requests, vocab_size(model), 0, max_output)
     prompt_tokens = sum(len(p) for p, _ in requests)
     res.settings = {"model": model, "slots": slots, "requests": num_requests, "max_output": max_output}
@@ -68,8 +67,7 @@ def swap_vs_recompute(
                 block_size=b,
                 num_kvcache_blocks=slots // b,
                 max_model_len=BUDGET["max_model_len"],
-                preemption_mode=mode,
-                swap_space=SWAP_SPACE,
+                preemption_mode=mode,  # swap: a host pool as large as the device's (the default)
             )
             warm_up(llm)
             runs[mode] = run_engine(llm, mode, requests, record=True)

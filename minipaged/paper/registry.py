@@ -57,7 +57,7 @@ FIGURES: dict[str, Entry] = {
     ),
     "fig15": Entry(
         sharing.memory_saved,
-        quick=dict(num_requests=2, max_tokens=8),
+        quick=dict(num_requests=2, max_tokens=16),
         paper=sharing.PAPER,
         section="Fig. 15",
     ),
@@ -82,7 +82,7 @@ FIGURES: dict[str, Entry] = {
     ),
     "fig19": Entry(
         preemption.swap_vs_recompute,
-        quick=dict(block_sizes=(8, 32), num_requests=6, max_output=16),
+        quick=dict(block_sizes=(8, 32), num_requests=6, max_output=16, slots=128),  # a pool that preempts
         paper=preemption.PAPER,
         section="Fig. 19",
     ),

@@ -134,7 +134,8 @@ def test_fig15_more_samples_save_more():
     saved = [res.data["parallel"][str(n)] for n in (2, 4, 6)]
     assert 0 < saved[0] < saved[1] < saved[2] < 100
     beam = [res.data["beam"][str(w)] for w in (2, 4, 6)]
-    assert beam[0] < beam[1] < beam[2] and beam[0] > saved[0]
+    # beams also share their generated blocks once they outgrow a block: wider beams share more
+    assert beam[0] < beam[1] < beam[2] and all(b >= s for b, s in zip(beam, saved)) and beam[2] > saved[2]
     v = res.data["v0_vs_v1"]
     assert v["v1"]["prefill_tokens"] > v["v0"]["prefill_tokens"]  # each request prefills the prompt's partial block
     assert v["beam_outside"]["prefill_per_token"] > 1  # every step recomputes each beam's last block
