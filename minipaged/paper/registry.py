@@ -51,19 +51,19 @@ FIGURES: dict[str, Entry] = {
     ),
     "fig12": Entry(
         serving.latency_vs_rate,
-        quick=dict(capacity_requests=6, curve_requests=4, rate_fractions=(0.25, 1.0), max_output=8),
+        quick=dict(capacity_requests=4, curve_requests=3, rate_fractions=(0.25, 1.0), max_output=6),
         paper=serving.PAPER,
         section="Fig. 12",
     ),
     "fig15": Entry(
         sharing.memory_saved,
-        quick=dict(num_requests=2, max_tokens=16),
+        quick=dict(num_requests=2, max_tokens=16, model=None),  # memory only: the embedded model is enough
         paper=sharing.PAPER,
         section="Fig. 15",
     ),
     "fig16": Entry(
         shared_prefix.prefix_throughput,
-        quick=dict(num_requests=4, max_output=8),
+        quick=dict(num_requests=3, max_output=6),
         paper=shared_prefix.PAPER,
         section="Fig. 16",
     ),
@@ -73,16 +73,16 @@ FIGURES: dict[str, Entry] = {
             block_sizes=(1, 4, 16, 64, 256),
             sharegpt_requests=150,
             alpaca_requests_sim=800,
-            engine_requests=4,
+            engine_requests=3,
             engine_block_sizes=(4, 16, 64),
-            max_output=8,
+            max_output=6,
         ),
         paper=block_size.PAPER,
         section="Fig. 18b",
     ),
     "fig19": Entry(
         preemption.swap_vs_recompute,
-        quick=dict(block_sizes=(8, 32), num_requests=6, max_output=16, slots=128),  # a pool that preempts
+        quick=dict(block_sizes=(8, 32), num_requests=6, max_output=16, slots=128, model=None),  # a pool that preempts
         paper=preemption.PAPER,
         section="Fig. 19",
     ),
