@@ -1,13 +1,10 @@
 """What the projector page draws, computed from the engine's step snapshots: pure functions.
 
-:func:`step_events` compares two consecutive :class:`StepSnapshot` s and names what the step
-did to the pool, which the page flashes:
-
-- **copy-on-write**: a sequence's block table changed at an index it already had (a sample of
-  ``n > 1`` got its own copy of a shared block before writing into it);
-- **prefix-cache hits**: the leading blocks of a sequence admitted this step that were already
-  computed (the scheduler reports them as ``num_computed_tokens`` at admission);
-- **evictions**: blocks that were free but still cached, and now hold something else.
+:func:`step_events` names what a step did to the pool, read off two consecutive
+:class:`StepSnapshot` s (:mod:`minipaged.engine.step_events`), for the page to flash:
+copy-on-write (a sequence's block table changed at an index it already had), prefix-cache hits
+(the leading blocks of a sequence admitted this step that were already computed) and evictions
+(blocks that were free but still cached, and now hold something else).
 
 :func:`frame` turns one snapshot into the JSON the page draws: every block (``ref_cnt``,
 cached or not, its owners), the running and waiting requests with their block tables, the inks
@@ -19,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from minipaged.engine.outputs import StepSnapshot
+from minipaged.engine.step_events import step_events as events_between
 from minipaged.viz import palette
 
 EVENT_KINDS = ("cow", "hits", "evicted", "preempted")
@@ -29,26 +27,12 @@ def no_events() -> dict:
 
 
 def step_events(prev: StepSnapshot | None, cur: StepSnapshot, block_size: int) -> dict:
-    """What one step did to the pool: ``cow`` [(old block, new block)], ``hits`` [block],
-    ``evicted`` [block], ``preempted`` [seq id]."""
-    before = prev.block_tables if prev is not None else {}
-    cow = []
-    for seq, table in cur.block_tables.items():
-        old = before.get(seq, [])
-        cow += [(a, b) for a, b in zip(old, table) if a != b]
-    hits = []
-    for s in cur.scheduled:
-        if s["seq_id"] not in before and s["num_computed_tokens"]:
-            hits += cur.block_tables.get(s["seq_id"], [])[: s["num_computed_tokens"] // block_size]
-    evicted = []
-    if prev is not None and prev.cached and cur.ref_cnt:
-        revived = set(hits)
-        evicted = [
-            b
-            for b, (was_cached, ref) in enumerate(zip(prev.cached, prev.ref_cnt))
-            if was_cached and ref == 0 and b not in revived and (cur.ref_cnt[b] > 0 or not cur.cached[b])
-        ]
-    return {"cow": cow, "hits": hits, "evicted": evicted, "preempted": list(cur.preempted)}
+    """What one step did to the pool (:func:`minipaged.engine.step_events.step_events`), as the page
+    flashes it: ``cow`` [(old block, new block)], ``hits`` [block], ``evicted`` [block],
+    ``preempted`` [seq id]."""
+    ev = events_between(prev, cur, block_size)
+    hits = [b for blocks in ev.hits.values() for b in blocks]
+    return {"cow": [(a, b) for _, a, b in ev.cow], "hits": hits, "evicted": ev.evicted, "preempted": ev.preempted}
 
 
 def merge_events(into: dict, more: dict) -> dict:

@@ -1,13 +1,12 @@
 """Animations for slides: a real engine run, one frame per step, played by matplotlib's ``FuncAnimation``.
 
 A scripted run of the embedded model (:data:`SCENARIOS`) is recorded once: every ``StepSnapshot``,
-with what each step did, read off two consecutive snapshots (:class:`StepEvents`: prefix hits,
-tables growing, copy-on-write, forks, evictions of cached blocks, preemption, blocks freed), a
-caption saying so and running totals (:func:`build_frames` -> :class:`Movie`). Frame ``k`` is then a
-pure function of snapshot ``k`` (:func:`draw_frame`: the stage 5 step picture with the caption and
-the events written on the blocks). :func:`render` saves the ``FuncAnimation`` as a GIF
-(``PillowWriter``) or as a page that plays offline (``to_jshtml``); in a notebook, :func:`player` is a
-Play button and a slider::
+with what each step did, read off two consecutive snapshots
+(:func:`~minipaged.engine.step_events.step_events`), a caption saying so and running totals
+(:func:`build_frames` -> :class:`Movie`). Frame ``k`` is then a pure function of snapshot ``k``
+(:func:`draw_frame`: the stage 5 step picture with the caption and the events written on the
+blocks). :func:`render` saves the ``FuncAnimation`` as a GIF (``PillowWriter``) or as a page that
+plays offline (``to_jshtml``); in a notebook, :func:`player` is a Play button and a slider::
 
     python -m minipaged animate prefix --out prefix.gif     # shared preamble, fork, copy-on-write, LRU eviction
     python -m minipaged animate engine --out engine.html    # arrivals, chunked prefill, growth, preemption
@@ -20,38 +19,15 @@ import html
 import io
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.figure import Figure
 
+from minipaged.engine.step_events import StepEvents, live, step_events
 from minipaged.viz.palette import SEQUENCE_COLORS, Ink, inks_over_time, owner_inks
 from minipaged.viz.scheduler import draw_step, seq_names
-
-
-@dataclass
-class StepEvents:
-    """What one step changed. Sequence ids throughout; blocks are physical block ids."""
-
-    arrived: list[int] = field(default_factory=list)  # first seen this step (waiting or running)
-    admitted: list[int] = field(default_factory=list)  # started (or, after preemption, restarted) running
-    resumed: list[int] = field(default_factory=list)  # the admitted ones that had been preempted before
-    hits: dict[int, list[int]] = field(default_factory=dict)  # seq -> blocks shared from the prefix cache
-    revived: list[int] = field(default_factory=list)  # hit blocks nobody used before (taken off the free queue)
-    grown: dict[int, list[int]] = field(default_factory=dict)  # seq -> new blocks appended to its table
-    cow: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, shared block, its new copy)
-    forked: list[tuple[int, int]] = field(default_factory=list)  # (parent, child)
-    evicted: list[int] = field(default_factory=list)  # cached blocks handed out again
-    preempted: list[int] = field(default_factory=list)
-    finished: list[int] = field(default_factory=list)
-    freed: list[int] = field(default_factory=list)  # blocks whose ref_cnt fell to 0
-
-    def tags(self) -> dict[int, str]:
-        """Block -> the word an animation writes on it."""
-        out = {b: "hit" for bs in self.hits.values() for b in bs} | {b: "new" for bs in self.grown.values() for b in bs}
-        out |= {new: f"copy\nof {old}" for _, old, new in self.cow}
-        return out | dict.fromkeys(self.evicted, "evicted") | dict.fromkeys(self.freed, "freed")
 
 
 @dataclass
@@ -82,43 +58,11 @@ class Movie:
         return dataclasses.replace(self, frames=self.frames if max_frames is None else self.frames[:max_frames])
 
 
-def _live(snap) -> list[int]:
-    return list(dict.fromkeys([*snap.running, *snap.waiting]))
-
-
-def step_events(prev, snap, block_size: int) -> StepEvents:
-    """Compare snapshot ``snap`` with the one before it (``prev``; None before the first step)."""
-    prev_tables = prev.block_tables if prev else {}
-    prev_cached = prev.cached if prev else [False] * len(snap.cached)
-    prev_ref = prev.ref_cnt if prev else [0] * len(snap.ref_cnt)
-    scheduled = {d["seq_id"]: d for d in snap.scheduled}
-    ev = StepEvents(preempted=list(snap.preempted))
-    ev.arrived = [s for s in _live(snap) if s not in (_live(prev) if prev else [])]
-    allocated: list[int] = []
-    for seq, table in snap.block_tables.items():
-        if seq not in prev_tables and seq not in scheduled:  # a new table nobody computed for: a fork
-            parent = next((p for p, t in snap.block_tables.items() if p != seq and p in scheduled and t == table), None)
-            if parent is not None:  # (None: a run watched from the middle, this sequence was there before)
-                ev.forked.append((parent, seq))
-                ev.arrived = [s for s in ev.arrived if s != seq]
-            continue
-        old = prev_tables.get(seq, [])
-        if seq not in prev_tables:
-            ev.admitted.append(seq)
-            work = scheduled[seq]  # a newly admitted sequence's prefix hit: what was cached before its first step
-            old = table[: work["num_computed_tokens"] // block_size if work["kind"] == "prefill" else 0]
-            if old:
-                ev.hits[seq] = old
-                ev.revived += [b for b in old if prev_ref[b] == 0 and b not in ev.revived]
-        ev.cow += [(seq, a, b) for a, b in zip(old, table) if a != b]
-        allocated += [b for a, b in zip(old, table) if a != b] + table[len(old) :]
-        if table[len(old) :]:
-            ev.grown[seq] = table[len(old) :]
-    ev.finished = [s for s in prev_tables if s not in snap.block_tables and s not in snap.preempted]
-    lost = {b for b, c in enumerate(snap.cached) if prev_cached[b] and not c}
-    ev.evicted = sorted({b for b in allocated if prev_cached[b]} | lost)
-    ev.freed = [b for b, r in enumerate(snap.ref_cnt) if prev_ref[b] > 0 and r == 0]
-    return ev
+def block_tags(ev: StepEvents) -> dict[int, str]:
+    """Block -> the word an animation writes on it."""
+    out = {b: "hit" for bs in ev.hits.values() for b in bs} | {b: "new" for bs in ev.grown.values() for b in bs}
+    out |= {new: f"copy\nof {old}" for _, old, new in ev.cow}
+    return out | dict.fromkeys(ev.evicted, "evicted") | dict.fromkeys(ev.freed, "freed")
 
 
 def _plural(n: int, word: str) -> str:
@@ -204,7 +148,7 @@ def build_frames(
     """
     names = dict(names or seq_names(snapshots, lambda r: chr(ord("A") + r) if r < 26 else f"R{r}"))  # A, B, ...
     for snap in snapshots:  # sequences never scheduled in these snapshots keep their id
-        for s in [*_live(snap), *snap.block_tables]:
+        for s in [*live(snap), *snap.block_tables]:
             names.setdefault(s, f"seq {s}")
     totals = dict(prefix_hit_tokens=0, cow_copies=0, evictions=0, preemptions=0)
     frames, prev, preempted = [], None, set()
@@ -216,7 +160,7 @@ def build_frames(
         totals = {k: v + n for (k, v), n in zip(totals.items(), now)}
         frames.append(Frame(snap, ev, caption(prev, snap, ev, names, block_size), totals))
         prev = snap
-    alive = [[names[s] for s in _live(snap)] for snap in snapshots]
+    alive = [[names[s] for s in live(snap)] for snap in snapshots]
     everyone = {n for a in alive for n in a}
     # A colour of its own for each sequence (A blue, B orange, ...) while there are enough; past
     # that, colours are reused, never by two sequences alive at once.
@@ -304,7 +248,7 @@ def draw_frame(movie: Movie, k: int, fig: Figure | None = None) -> Figure:
     notes += [f"evictions: {t['evictions']}", f"preemptions: {t['preemptions']}"]
     usage = [(f.snapshot.step, movie.num_blocks - f.snapshot.num_free_blocks) for f in movie.frames]
     title = f"{movie.title}   (frame {k + 1} of {len(movie.frames)})"
-    fig, tags = fig or new_frame(), frame.events.tags()
+    fig, tags = fig or new_frame(), block_tags(frame.events)
     kw = dict(fig=fig, inks=movie.inks, caption=frame.caption, tags=tags, notes=notes, usage=usage)
     return draw_step(frame.snapshot, movie.block_size, movie.names, title, **kw)
 

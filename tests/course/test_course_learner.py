@@ -48,7 +48,7 @@ def test_a_filled_guess_is_blanked(tmp_path):
 
 def test_notebooks_have_no_outputs_and_blank_guesses(copy):
     names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
-    assert sorted(p.name for p in (copy / "notebooks").glob("*.ipynb")) == names and len(names) == 7
+    assert sorted(p.name for p in (copy / "notebooks").glob("*.ipynb")) == names and len(names) == 8
     for name in names:
         nb = nbformat.read(copy / "notebooks" / name, as_version=4)
         assert "widgets" not in nb.metadata, name

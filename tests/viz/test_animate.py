@@ -15,6 +15,7 @@ from matplotlib.animation import FuncAnimation
 from PIL import Image
 
 from minipaged.__main__ import main
+from minipaged.engine.step_events import step_events
 from minipaged.viz import animate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -147,7 +148,7 @@ def test_events_from_a_hand_made_pair_of_snapshots():
         ref_cnt=[2, 1, 0, 1, 0, 0],
         cached=[True, False, False, False, False, False],
     )
-    ev = animate.step_events(prev, snap, block_size=8)
+    ev = step_events(prev, snap, block_size=8)
     assert ev.cow == [(0, 1, 3)] and ev.evicted == [3] and not ev.forked and not ev.freed
     movie = animate.build_frames([prev, snap], block_size=8, num_blocks=6)
     assert "copy-on-write" in movie.frames[1].caption and "block 3" in movie.frames[1].caption
