@@ -23,6 +23,7 @@ from minipaged.paper.workloads import ALPACA, SHAREGPT, paper_trace
 from minipaged.sim import PagedReplay, replay
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ENGINE_BLOCK_SIZES = (1, 4, 16, 64, 256)  # every other one: each is a run of the real engine
 PAPER = {"default": 16, "best_sharegpt": "16-128", "best_alpaca": "16-32"}
 
 
@@ -30,8 +31,8 @@ def block_size_sweep(
     block_sizes: tuple[int, ...] = BLOCK_SIZES,
     sharegpt_requests: int = 400,
     alpaca_requests_sim: int = 1000,
-    engine_requests: int = 24,
-    engine_block_sizes: tuple[int, ...] = BLOCK_SIZES,
+    engine_requests: int = 16,
+    engine_block_sizes: tuple[int, ...] = ENGINE_BLOCK_SIZES,
     max_output: int | None = None,
     model: str | None = MODEL,
     quick: bool = False,

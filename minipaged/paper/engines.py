@@ -58,8 +58,8 @@ def serve_at_rate(llm: LLM, requests: list[WorkItem], rate: float, seed: int = 0
 
     The clock advances by each :meth:`LLM.step`'s measured time; when nothing runs it jumps to
     the next arrival. Returns ``{"normalized_latency": mean over requests of (finish - arrival) /
-    output tokens, "latencies": [...], "seconds": the clock at the end, "busy_seconds": time spent
-    in steps}``.
+    output tokens, "latencies": [...], "tokens": each request's output token ids, "seconds": the
+    clock at the end, "busy_seconds": time spent in steps}``.
     """
     rng = random.Random(seed)
     arrivals, t = [], 0.0
@@ -86,8 +86,43 @@ def serve_at_rate(llm: LLM, requests: list[WorkItem], rate: float, seed: int = 0
     return {
         "normalized_latency": sum(latencies) / len(latencies),
         "latencies": latencies,
+        "tokens": [llm._output(rid).outputs[0].token_ids for rid in arrived],
         "seconds": clock,
         "busy_seconds": busy,
+    }
+
+
+def saturated_rate(llm: LLM, requests: list[WorkItem], window: int | None = None) -> dict:
+    """The rate ``llm`` serves requests while a queue waits: the highest arrival rate it sustains.
+
+    Every request is queued at once and the engine steps while any still waits, so every timed
+    step runs as full as the system allows; the rest are then aborted (draining the last few
+    requests, the longest of them running nearly alone, measures the trace's longest request,
+    not the system). Output tokens per second of those steps, over the workload's mean output
+    length, is requests per second. ``window`` stops the timing once that many requests' worth
+    of output tokens (at the mean length) were generated, so that a slow system is timed on the
+    same work as a fast one, not for longer. Returns ``{"rate", "tokens_per_s", "mean_running", "steps",
+    "finished": {index in requests: output token ids} of the requests that finished}``; the
+    engine is empty again afterwards.
+    """
+    ids = [llm.add_request(prompt, greedy(n)) for prompt, n in requests]
+    mean_output = sum(n for _, n in requests) / len(requests)
+    enough = mean_output * (window or len(requests))
+    seconds, tokens, running, finished = 0.0, 0, [], {}
+    while llm.scheduler.waiting and tokens < enough:
+        start = time.perf_counter()
+        batch, progressed = llm._step_once()
+        seconds += time.perf_counter() - start
+        tokens += len(batch.samples)
+        running.append(len(llm.scheduler.running))
+        finished.update({s.request_id: list(s.output_token_ids) for s in progressed if s.finish_reason is not None})
+    llm.abort_request(ids)
+    return {
+        "rate": tokens / seconds / mean_output,
+        "tokens_per_s": tokens / seconds,
+        "mean_running": sum(running) / len(running),
+        "steps": len(running),
+        "finished": {ids.index(rid): out for rid, out in finished.items()},
     }
 
 

@@ -6,7 +6,7 @@ CPU memory and later copies them back. The paper (A100, PCIe) finds swapping exp
 small blocks (many small transfers), recomputation flat across block sizes, and the two
 comparable from 16 to 64.
 
-Here both modes serve the same Alpaca-shaped requests on one tight pool (1,024 slots unless
+Here both modes serve the same Alpaca-shaped requests on one tight pool (512 slots unless
 said otherwise) at each block size. A step's time is fitted, over both modes' steps at that block size, as
 ``F + m x decode rows + p x prefill tokens + s x blocks swapped (in or out)``: ``s`` is the
 time per swapped block, and ``p x block_size`` the time to recompute a block's tokens. On a CPU
@@ -25,7 +25,7 @@ from minipaged.paper.engines import BUDGET, MODEL, vocab_size, warm_up
 from minipaged.paper.report import PaperResult
 from minipaged.paper.serving import alpaca_requests
 
-BLOCK_SIZES = (4, 8, 16, 32, 64, 128)
+BLOCK_SIZES = (4, 16, 64)
 PAPER = {"comparable_block_sizes": "16-64"}
 
 
@@ -48,10 +48,10 @@ def _fit(runs: list[EngineRun]) -> dict[str, float]:
 
 def swap_vs_recompute(
     block_sizes: tuple[int, ...] = BLOCK_SIZES,
-    num_requests: int = 24,
+    num_requests: int = 16,
     max_output: int | None = None,
     model: str | None = MODEL,
-    slots: int = BUDGET["num_kvcache_blocks"] * BUDGET["block_size"],
+    slots: int = BUDGET["num_kvcache_blocks"] * BUDGET["block_size"] // 2,
     quick: bool = False,
 ) -> PaperResult:
     res = PaperResult("fig19", "Fig. 19: swap against recompute, per preempted block", "measured", quick=quick)

@@ -71,8 +71,8 @@ def _compare(model: str | None, requests: list, repeats: int, **budget) -> dict:
 
 
 def throughput_regime(
-    num_requests: int = 48,
-    repeats: int = 2,
+    num_requests: int = 24,
+    repeats: int = 1,
     rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
     decode_steps: int = 4,
     max_output: int | None = None,

@@ -9,8 +9,9 @@ Here the real engine serves ``random:smollm2-135m`` (bandwidth-bound on a CPU, a
 model is on a GPU) with Alpaca-shaped requests, all four systems on one KV budget. Two
 measurements:
 
-1. **Capacity**: every request queued at once; requests finished per second of engine time.
-   A rate above it grows the queue without bound: it is the highest rate the system sustains.
+1. **Capacity**: every request queued at once, the engine timed while some still wait
+   (:func:`~minipaged.paper.engines.saturated_rate`): the rate it serves requests when full. A
+   rate above it grows the queue without bound: it is the highest rate the system sustains.
 2. **The curve**: requests arriving at rates spread up to the paged system's capacity
    (:func:`~minipaged.paper.engines.serve_at_rate`: a clock that advances by each step's measured
    time). Each system stops after its first rate above its own capacity: beyond it the latency
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
-from minipaged.bench.engine import run_engine
 from minipaged.paper.engines import (
     BUDGET,
     MODEL,
     RESERVE_RULES,
     make_llm,
+    saturated_rate,
     serve_at_rate,
     vocab_size,
     warm_up,
@@ -35,7 +36,7 @@ from minipaged.paper.report import PaperResult
 from minipaged.paper.workloads import ALPACA, SYSTEM_LABELS, engine_requests, paper_trace
 
 PAPER = {"paged_over_oracle": "1.7-2.7x", "paged_over_max": "2.7-8x"}
-RATE_FRACTIONS = (0.125, 0.25, 0.5, 0.75, 1.0)  # of the paged system's capacity
+RATE_FRACTIONS = (0.25, 0.5, 1.0)  # of the paged system's capacity
 
 
 def alpaca_requests(num_requests: int, vocab_size: int, seed: int = 0, max_output: int | None = None) -> list:
@@ -45,8 +46,9 @@ def alpaca_requests(num_requests: int, vocab_size: int, seed: int = 0, max_outpu
 
 
 def latency_vs_rate(
-    capacity_requests: int = 32,
-    curve_requests: int = 16,
+    capacity_requests: int = 48,
+    capacity_window: int = 16,
+    curve_requests: int = 10,
     rate_fractions: tuple[float, ...] = RATE_FRACTIONS,
     max_output: int | None = None,
     model: str | None = MODEL,
@@ -59,6 +61,7 @@ def latency_vs_rate(
         "model": model,
         **BUDGET,
         "capacity_requests": capacity_requests,
+        "capacity_window": capacity_window,
         "curve_requests": curve_requests,
         "max_output": max_output,
         "seed": seed,
@@ -67,19 +70,20 @@ def latency_vs_rate(
     vocab = vocab_size(model)
     capacity_work = alpaca_requests(capacity_requests, vocab, seed, max_output)
     curve_work = alpaca_requests(curve_requests, vocab, seed + 1, max_output)
-    capacity, tokens = {}, {}
+    capacity = {}
     for system, llm in tqdm(engines.items(), desc="fig12 capacity", leave=False):
         warm_up(llm)
-        run = run_engine(llm, system, capacity_work)
-        capacity[system] = len(capacity_work) / run.seconds
-        tokens[system] = run.tokens
-        res.data.setdefault("mean_running", {})[system] = sum(run.running) / len(run.running)
+        full = saturated_rate(llm, capacity_work, capacity_window)
+        capacity[system] = full["rate"]
+        res.data.setdefault("mean_running", {})[system] = full["mean_running"]
     rates = [f * capacity["paged"] for f in rate_fractions]
     curves: dict[str, list[dict]] = {}
+    tokens = {}  # each system's tokens at the first rate
     for system, llm in tqdm(engines.items(), desc="fig12 curves", leave=False):
         curves[system] = []
         for rate in rates:
             served = serve_at_rate(llm, curve_work, rate, seed)
+            tokens.setdefault(system, served["tokens"])
             curves[system].append({"rate": rate, "normalized_latency": served["normalized_latency"]})
             if rate > capacity[system]:
                 break  # past its wall: more rates only lengthen the queue
@@ -95,7 +99,7 @@ def latency_vs_rate(
     res.data["tokens_identical"] = same
     res.notes.append(f"every system generated the same tokens: {same}")
     res.notes.append(
-        "capacity: all requests queued at once, requests per second of engine time; the curve's "
-        "latencies are in data['curves']"
+        "capacity: all requests queued at once, output tokens per second of engine time while some "
+        "still wait, over the mean output length; the curve's latencies are in data['curves']"
     )
     return res

@@ -9,6 +9,7 @@ the cached K/V and every output after every step.
 from __future__ import annotations
 
 import random
+import zlib
 
 import pytest
 from faults import Boom, check_cached_kv, check_pool, fail_in_layer, fail_in_sampling
@@ -140,7 +141,7 @@ def test_random_faults_leave_no_trace(tiny_model_dir, config):
     """Random workloads, a fault in about one step in four; retry or abort after each. Checked
     after every step: the pools; every few steps: the cached K/V; at the end: every request
     that was not aborted has the tokens it has when run alone."""
-    rng = random.Random(hash(tuple(sorted(config.items()))) % 1000)
+    rng = random.Random(zlib.crc32(repr(sorted(config.items())).encode()))  # the same draw in every process
     args = dict(max_model_len=64, max_num_seqs=6, **config)
     llm = LLM(tiny_model_dir, **args)
     layers = llm.model.config.num_hidden_layers

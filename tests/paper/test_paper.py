@@ -16,7 +16,7 @@ import pytest
 from minipaged import LLM, SamplingParams
 from minipaged.__main__ import main
 from minipaged.paper import kv_bytes, plots, registry, workloads
-from minipaged.paper.engines import StepRecorder, make_llm, serve_at_rate
+from minipaged.paper.engines import StepRecorder, greedy, make_llm, saturated_rate, serve_at_rate
 
 ORDER = ("orca-max", "orca-pow2", "orca-oracle", "paged")
 
@@ -115,6 +115,30 @@ def test_serving_at_a_rate_finishes_every_request_after_it_arrives():
         assert served["busy_seconds"] <= served["seconds"]
     assert slow["seconds"] > 100 and slow["busy_seconds"] < slow["seconds"] / 10  # idle gaps skipped, not slept
     assert not llm.has_unfinished_requests()
+    alone = LLM(num_kvcache_blocks=64, max_model_len=256)
+    for i, (prompt, n) in enumerate(requests):  # each stream is what the request gives run alone
+        expected = alone.generate([prompt], greedy(n), use_tqdm=False)[0].outputs[0].token_ids
+        assert slow["tokens"][i] == fast["tokens"][i] == expected
+
+
+@pytest.mark.parametrize("system", ["orca-max", "paged"])
+def test_the_saturated_rate_times_only_full_steps_and_leaves_the_engine_empty(system):
+    # 12 slots of 4 tokens; Orca (Max) reserves max_model_len = 16 tokens (4 blocks): 3 run at once.
+    llm = make_llm(system, None, num_kvcache_blocks=12, block_size=4, max_model_len=16)
+    requests = [([1 + i, 2, 3], 5) for i in range(20)]
+    full = saturated_rate(llm, requests)
+    assert full["rate"] > 0 and full["tokens_per_s"] == pytest.approx(5 * full["rate"])
+    most = 3 if system == "orca-max" else 12  # paged memory admits a request while its prompt's block fits
+    assert 1 <= full["mean_running"] <= most and full["steps"] >= 2
+    assert not llm.has_unfinished_requests() and not llm.scheduler.waiting
+    assert llm.kv_stats()["num_free_blocks"] == 12
+    assert full["finished"]  # the first requests finish while later ones still wait
+    short = saturated_rate(llm, requests, window=2)  # stops after 2 requests' worth of tokens (10)
+    assert short["steps"] < full["steps"] and short["tokens_per_s"] > 0 and not llm.has_unfinished_requests()
+    for i, out in full["finished"].items():
+        prompt, n = requests[i]
+        alone = LLM(num_kvcache_blocks=12, block_size=4, max_model_len=16)
+        assert out == alone.generate([prompt], greedy(n), use_tqdm=False)[0].outputs[0].token_ids
 
 
 # -- the measured figures, on the embedded model --------------------------------------------------
