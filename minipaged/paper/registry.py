@@ -51,7 +51,7 @@ FIGURES: dict[str, Entry] = {
     ),
     "fig12": Entry(
         serving.latency_vs_rate,
-        quick=dict(capacity_requests=8, capacity_window=4, curve_requests=3, rate_fractions=(0.25, 1.0), max_output=6),
+        quick=dict(capacity_requests=6, capacity_window=3, curve_requests=3, rate_fractions=(0.25, 1.0), max_output=6),
         paper=serving.PAPER,
         section="Fig. 12",
     ),
