@@ -78,6 +78,7 @@ class EngineLoop:
         self._requests: dict[int, Submission] = {}  # request id -> its submission, while unfinished
         self._outbox: list[tuple[Submission, RequestOutput | APIError]] = []
         self.num_steps = 0
+        self._labelled_started = False  # this turn's step started a labelled request (see _run)
         self.num_running_requests = 0  # after the last step; read by admission control
         self.abort_log: deque[tuple[int, int, int]] = deque(maxlen=256)  # (request id, step asked, step applied)
         self._thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
@@ -125,11 +126,15 @@ class EngineLoop:
                     command = self._commands.get_nowait()
                 except queue.Empty:
                     command = None
+            self._labelled_started = False
             if self.llm.has_unfinished_requests():
                 self._step()
             self._flush()
+            # a frame at once when a labelled request (a student's, from /try) gets its first token:
+            # a short one can come and go between two timed frames, and its owner would never see it
+            force = self._labelled_started or not self.llm.has_unfinished_requests()
             try:
-                self.live.publish(self.llm, time.monotonic(), force=not self.llm.has_unfinished_requests())
+                self.live.publish(self.llm, time.monotonic(), force=force)
             except Exception:  # a broken picture must not stop the engine either
                 log.exception("projector frame failed")
 
@@ -181,6 +186,7 @@ class EngineLoop:
             new_tokens += count - sub.num_tokens
             if count and sub.first_token is None:
                 sub.first_token = now
+                self._labelled_started = self._labelled_started or bool(sub.label)
                 self.live.first_token(now - sub.arrival)
             sub.num_tokens = count
             if out.finished:
