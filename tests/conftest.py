@@ -30,3 +30,11 @@ def tiny_model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-qwen3")
     make_hf_model("qwen3").save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def real_model() -> str:
+    """What ``LLM(...)`` is given to load the real chat model (SmolLM2-135M-Instruct)."""
+    import os
+
+    return os.environ.get("MINIPAGED_TEST_REAL_MODEL", "/tmp/smollm2-hf")

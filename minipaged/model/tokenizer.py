@@ -7,10 +7,15 @@ import re
 from pathlib import Path
 from typing import Protocol
 
+from minipaged.model.chat_template import ChatTemplate
+
 
 class Tokenizer(Protocol):
     @property
     def eos_token_id(self) -> int | None: ...  # read-only here, so an implementation may say plain int
+
+    @property
+    def chat_template(self) -> ChatTemplate | None: ...  # None: the model cannot chat
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
@@ -28,6 +33,7 @@ class ByteTokenizer:
         self.special_names = {i: name for name, i in self.special_ids.items()}
         self.eos_token_id = self.special_ids[eos_token]
         self.vocab_size = 256 + len(special_tokens)
+        self.chat_template: ChatTemplate | None = None  # a copy model, not a chat model
         self._split = re.compile("(" + "|".join(re.escape(s) for s in special_tokens) + ")")
 
     @classmethod
@@ -66,7 +72,7 @@ class HFTokenizer:
     transformers and vLLM do by default: a model trained with a BOS expects one.
     """
 
-    def __init__(self, path: str | Path, eos_token_id: int | None) -> None:
+    def __init__(self, path: str | Path, eos_token_id: int | None, chat_template: ChatTemplate | None = None) -> None:
         try:
             from tokenizers import Tokenizer as _Tokenizer
         except ImportError as e:
@@ -75,6 +81,7 @@ class HFTokenizer:
             ) from e
         self._tok = _Tokenizer.from_file(str(path))
         self.eos_token_id = eos_token_id
+        self.chat_template = chat_template
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -89,5 +96,5 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None) -> Tokenizer | 
     if (folder / "byte_tokenizer.json").exists():
         return ByteTokenizer.from_file(folder / "byte_tokenizer.json")
     if (folder / "tokenizer.json").exists():
-        return HFTokenizer(folder / "tokenizer.json", eos_token_id)
+        return HFTokenizer(folder / "tokenizer.json", eos_token_id, ChatTemplate.from_folder(folder))
     return None

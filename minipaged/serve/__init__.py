@@ -12,7 +12,7 @@ libraries (FastAPI, uvicorn, prometheus_client, jinja2) come with ``pip install 
 - :mod:`~minipaged.serve.deltas`: how much streamed text may be sent yet;
 - :mod:`~minipaged.serve.live` and :mod:`~minipaged.serve.projector`: the page's frames and figures;
 - :mod:`~minipaged.serve.limits` and :mod:`~minipaged.serve.access`: caps, admission, the join code;
-- :mod:`~minipaged.serve.chat`: chat templates; :mod:`~minipaged.serve.metrics`: ``/metrics``;
+- chat templates live in :mod:`minipaged.model.chat_template`; :mod:`~minipaged.serve.metrics`: ``/metrics``;
 - ``static/``: the pages (HTML, JavaScript, CSS; no build step).
 
 The server is an adapter over the engine's step API (``add_request``, ``step``,

@@ -26,9 +26,9 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from minipaged.engine.llm import LLM
+from minipaged.model.chat_template import ChatTemplate
 from minipaged.serve import metrics, projector
 from minipaged.serve.access import JoinCode
-from minipaged.serve.chat import ChatTemplate
 from minipaged.serve.completions import EngineStream, router
 from minipaged.serve.engine_loop import EngineLoop
 from minipaged.serve.inputs import EngineInputs
@@ -76,8 +76,11 @@ def create_app(
     preamble: str | None = None,
     chat_template: ChatTemplate | None = None,
 ) -> FastAPI:
-    """The application; its engine loop starts and stops with the server (ASGI lifespan)."""
+    """The application; its engine loop starts and stops with the server (ASGI lifespan).
+    ``chat_template`` defaults to the model's own (its tokenizer's)."""
     limits = limits or Limits()
+    if chat_template is None and llm.tokenizer is not None:
+        chat_template = llm.tokenizer.chat_template
     server = Server(llm, model_name, limits, loopback, preamble, chat_template)
 
     @asynccontextmanager

@@ -95,7 +95,6 @@ def main(argv: list[str]) -> None:
     from minipaged.engine.llm import LLM
     from minipaged.model.loader import EMBEDDED_MODEL_DIR
     from minipaged.serve.access import is_loopback, new_join_code
-    from minipaged.serve.chat import ChatTemplate
     from minipaged.serve.limits import Limits
 
     engine_args = {k: getattr(args, k) for k in [*engine_names, "dtype", "device"] if hasattr(args, k)}
@@ -123,7 +122,6 @@ def main(argv: list[str]) -> None:
         loopback=loopback,
         join_code=join_code,
         preamble=preamble,
-        chat_template=ChatTemplate.from_folder(folder),
     )
     shown = "THIS-MACHINE'S-ADDRESS" if args.host in ("0.0.0.0", "::") else args.host
     base = f"http://{shown}:{args.port}"

@@ -75,7 +75,10 @@ async def chat_completions(request: Request) -> Response:
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     if server.inputs.preamble is not None and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": server.inputs.preamble})
-    text = server.chat_template.render(messages)
+    try:
+        text = server.chat_template.render(messages)
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
     ids = server.inputs.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the specials
     server.inputs.check_ids(ids, "messages")
     params = server.inputs.sampling_params(req, [ids], req.output_cap)

@@ -10,9 +10,9 @@ import pytest
 from serve.harness import ENGINE, ServerThread, metrics, wait_idle
 
 from minipaged import LLM, SamplingParams
+from minipaged.model.chat_template import ChatTemplate
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
 from minipaged.serve.app import create_app
-from minipaged.serve.chat import ChatTemplate
 from minipaged.tiny import task
 
 openai = pytest.importorskip("openai")
