@@ -70,7 +70,7 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping, *, kernel=store_kv
         )
     if num_tokens == 0:
         return
-    D = num_kv_heads * head_dim  # noqa: N806  (the kernel's name for it)
+    D = num_kv_heads * head_dim
     launch(
         kernel,
         (num_tokens,),
@@ -92,7 +92,7 @@ def online_softmax_update(
     l: torch.Tensor,  # noqa: E741  (the running sum's name in the flash-attention papers)
     acc: torch.Tensor,
     scores: torch.Tensor,
-    v: torch.Tensor,  # noqa: E741
+    v: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one KV tile into the online-softmax state of a block of query rows; return the new ``(m, l, acc)``.
 

@@ -22,8 +22,8 @@ every piece can be printed, drawn (:mod:`minipaged.viz.kernel`) and tested:
 - :func:`kernel_tile_sizes`: the ``(block_q, block_n)`` a Triton launch would pick.
 
 The kernel works in base 2 (``exp2``, with ``log2(e)`` folded into the scale); this module uses
-``exp``, which gives the same numbers. Only :func:`kernel_tile_sizes` touches the kernels
-package, and only when called (attention sits below kernels).
+``exp``, which gives the same numbers. It lives in the kernels package, so importing it loads
+Triton like the rest of the package (the torch path never imports it).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+from minipaged.kernels.paged_attention import kernel_constexprs
 from minipaged.utils import cdiv
 
 # The kernel starts the running max at a large negative number, not -inf: a row that sees no key
@@ -245,7 +246,5 @@ def kernel_tile_sizes(
     the Triton kernel would use for this launch (``kernel_constexprs``'s ``BLOCK_Q`` and
     ``BLOCK_N``; ``mode`` goes to it as well, e.g. ``interpret=False`` for a GPU). Imports Triton.
     """
-    from minipaged.kernels.paged_attention import kernel_constexprs
-
     consts = kernel_constexprs(dtype, num_heads, num_kv_heads, head_dim, max_q_len, decode, block_m, block_n, **mode)
     return consts["BLOCK_Q"], consts["BLOCK_N"]

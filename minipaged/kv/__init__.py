@@ -1,2 +1,2 @@
-"""KV memory, one module per stage: contiguous (0), allocator (1), block_table (2),
-slot_mapping (3), prefix_cache (6)."""
+"""KV memory, one module per stage: contiguous (0), block_pool (1), block_table (2),
+slot_mapping (3), prefix_cache (6); paged_cache holds the pool's K/V tensors."""

@@ -2,7 +2,8 @@
 
 ``k, v: [num_layers, num_blocks, block_size, num_kv_heads, head_dim]``. Which block belongs to
 which sequence lives elsewhere (the block pool and block tables); this module only holds the
-tensors, and copies one block for copy-on-write. Where a token goes inside them is stage 3's
+tensors, and copies blocks by ``(src, dst)`` pairs: within the pool for copy-on-write, to and
+from a host pool for swapping. Where a token goes inside them is stage 3's
 slot mapping (:mod:`minipaged.kv.slot_mapping`).
 """
 
@@ -12,7 +13,8 @@ import torch
 
 
 class PagedKVCache:
-    """The physical pool: K and V tensors of every layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    """The physical pool: K and V of every layer, ``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]``
+    (``k[layer]`` is that layer's ``[num_blocks, block_size, num_kv_heads, head_dim]`` cache).
 
     Which block belongs to which sequence lives elsewhere (the allocator and block tables);
     this class only holds memory.

@@ -12,11 +12,11 @@ import re
 import pytest
 
 pytest.importorskip("fastapi", reason='the server needs its libraries: pip install -e ".[serve]"')
-from serve.harness import ServerThread  # noqa: E402
+from serve.harness import ServerThread
 
-from minipaged import LLM  # noqa: E402
-from minipaged.bench import serve as bench_serve  # noqa: E402
-from minipaged.serve.app import create_app  # noqa: E402
+from minipaged import LLM
+from minipaged.bench import serve as bench_serve
+from minipaged.serve.app import create_app
 
 FIGURES = [
     "Successful requests:",

@@ -27,9 +27,9 @@ if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
     print("SKIP: this Triton's ASTSource takes no constexprs=")
     sys.exit(0)
 
-from triton.runtime.jit import JITFunction  # noqa: E402
+from triton.runtime.jit import JITFunction
 
-from minipaged.kernels import paged_attention, store  # noqa: E402
+from minipaged.kernels import paged_attention, store
 
 TARGET = GPUTarget("cuda", 90, 32)
 TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

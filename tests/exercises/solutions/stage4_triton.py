@@ -31,7 +31,7 @@ def online_softmax_update(
     l: torch.Tensor,  # noqa: E741  (the running sum's name in the flash-attention papers)
     acc: torch.Tensor,
     scores: torch.Tensor,
-    v: torch.Tensor,  # noqa: E741
+    v: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one KV tile into ``(m, l, acc)``; ``m`` starts finite (-1e30), so a masked tile gives no NaN."""
     m_new = torch.maximum(m, scores.max(dim=1).values)
