@@ -49,15 +49,20 @@ def test_logits_match_transformers(llm, hf_gguf_model, chat_prompts):
 
 
 def test_greedy_chats_match_transformers(llm, hf_gguf_model, chat_prompts):
-    """32 chats, 64 new tokens each (or up to <|im_end|>): batched here, one by one in transformers."""
+    """32 chats, 64 new tokens each (or up to <|im_end|>): minipaged's engine against one left-padded
+    transformers ``generate`` batch (its positions follow the attention mask)."""
     outs = llm.generate(chat_prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS), use_tqdm=False)
+    width = max(map(len, chat_prompts))
+    ids = torch.tensor([[2] * (width - len(p)) + p for p in chat_prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chat_prompts])
+    with torch.no_grad():
+        hf = hf_gguf_model.generate(
+            ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=2
+        )[:, width:].tolist()
     same = 0
-    for ids, out in zip(chat_prompts, outs):
-        with torch.no_grad():
-            hf = hf_gguf_model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=2
-            )[0, len(ids) :].tolist()
-        same += out.outputs[0].token_ids == hf
+    for out, theirs in zip(outs, hf):
+        theirs = theirs[: theirs.index(2) + 1] if 2 in theirs else theirs  # padding after <|im_end|> dropped
+        same += out.outputs[0].token_ids == theirs
     print(f"greedy chats identical to transformers: {same}/{len(chat_prompts)}")
     assert same == len(chat_prompts)
 
