@@ -174,13 +174,13 @@ def metadata(reader: Any) -> dict[str, Any]:
 
 def classify(key: str, value: object, arch: str) -> str:
     """``"config"``, ``"tokenizer"`` or ``"ignored"``; raises ValueError for a refused key."""
-    if key == "general.architecture" or key.removeprefix(f"{arch}.") in CONFIG_KEYS:
+    short = key.removeprefix(f"{arch}.") if key.startswith(f"{arch}.") else ""  # "" for keys of other prefixes
+    if key == "general.architecture" or short in CONFIG_KEYS:
         return "config"
     if key in TOKENIZER_KEYS:
         return "tokenizer"
     if any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED):
         return "ignored"
-    short = key.removeprefix(f"{arch}.")
     if short in HEAD_DIM_KEYS:
         return "config"  # checked against the head size by config_dict
     if short in OFF_VALUES:
@@ -190,7 +190,7 @@ def classify(key: str, value: object, arch: str) -> str:
             f"GGUF key {key}={value!r} is not supported: minipaged runs a dense model with plain RoPE "
             f"({key} must be {OFF_VALUES[short][0]!r})"
         )
-    if short.startswith("rope.scaling.") and "rope.scaling.type" not in short:
+    if short.startswith("rope.scaling."):
         return "ignored"  # parameters of a RoPE scaling that rope.scaling.type switches on (refused there)
     raise ValueError(
         f"GGUF key {key}={_short(value)} is not supported: minipaged does not know what it changes "
