@@ -1,4 +1,4 @@
-"""Command line: ``python -m minipaged demo | eval | serve | bench | animate | paper | course | slides``."""
+"""Command line: ``python -m minipaged demo | eval | serve | bench | animate | paper | course | slides | download``."""
 
 from __future__ import annotations
 
@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("out_dir", help="the folder to write the decks into")
     r = sub.add_parser("paper", help="the PagedAttention paper's results beside ours (docs/paper.md)")
     importlib.import_module("minipaged.paper.cli").add_arguments(r)
+    w = sub.add_parser("download", help="fetch a known model or data file into the cache (then all runs offline)")
+    w.add_argument("name", nargs="?", help="a known name, e.g. smollm2-135m-instruct (--list shows them)")
+    w.add_argument("--list", action="store_true", help="list the known names, their sizes and whether cached")
     args = p.parse_args(argv)
     if args.cmd == "demo":
         demo(args)
@@ -158,6 +161,10 @@ def main(argv: list[str] | None = None) -> None:
         from minipaged.viz import animate
 
         animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
+    elif args.cmd == "download":
+        from minipaged.model import hub
+
+        hub.download_command(args.name, args.list)
     elif args.cmd == "paper":
         importlib.import_module("minipaged.paper.cli").main(args)
     else:

@@ -34,7 +34,10 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_model() -> str:
-    """What ``LLM(...)`` is given to load the real chat model (SmolLM2-135M-Instruct)."""
+    """What ``LLM(...)`` is given to load the real chat model (SmolLM2-135M-Instruct): its name, so
+    the GGUF comes from the cache (fetched there once)."""
     import os
 
-    return os.environ.get("MINIPAGED_TEST_REAL_MODEL", "/tmp/smollm2-hf")
+    from minipaged.model.hub import DEFAULT_CHAT_MODEL
+
+    return os.environ.get("MINIPAGED_TEST_REAL_MODEL", DEFAULT_CHAT_MODEL)

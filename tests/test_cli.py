@@ -14,7 +14,7 @@ import pytest
 
 from minipaged.__main__ import BENCHES, main
 
-COMMANDS = ["demo", "eval", "serve", "bench", "animate", "course", "slides", "paper"]
+COMMANDS = ["demo", "eval", "serve", "bench", "animate", "course", "slides", "paper", "download"]
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str, str]:

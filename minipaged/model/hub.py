@@ -87,6 +87,21 @@ def fetch(name: str, progress: bool = True) -> Path:
     return dest
 
 
+def download_command(name: str | None, list_only: bool = False) -> None:
+    """``python -m minipaged download NAME`` prints the fetched file's path; ``--list`` the known names."""
+    if list_only or name is None:
+        for known, spec in KNOWN_FILES.items():
+            where = f"cached at {cached_path(known)}" if cached_path(known).exists() else "not fetched yet"
+            print(f"{known:24s} {spec.about}; {where}")
+        if name is None and not list_only:
+            raise SystemExit("name what to download (python -m minipaged download --list shows the names)")
+        return
+    try:
+        print(fetch(name))
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"minipaged download: {e}") from None
+
+
 def _spec(name: str) -> IndexFile:
     if name not in KNOWN_FILES:
         raise ValueError(f"unknown name {name!r}: known names are {', '.join(KNOWN_FILES)}")

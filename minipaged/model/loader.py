@@ -1,4 +1,5 @@
-"""Load a Hugging Face checkpoint folder (``config.json`` + ``*.safetensors``) from local disk."""
+"""Load a model: a Hugging Face checkpoint folder (``config.json`` + ``*.safetensors``), a GGUF
+file, a known name (fetched once from the package index, see :mod:`.hub`) or a random model."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from minipaged.model import gguf_reader, hub
 from minipaged.model.config import ModelConfig
 from minipaged.model.decoder import DecoderModel
+from minipaged.model.gguf_tokenizer import build_tokenizer
 from minipaged.model.random_models import build_random_model, is_random_model
 from minipaged.model.tokenizer import Tokenizer, load_tokenizer
 
@@ -19,39 +22,71 @@ def load_model(
     path: str | Path | None = None, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> tuple[DecoderModel, Tokenizer | None]:
     """Build the decoder and load its weights; ``path=None`` is the embedded tiny model,
-    ``"random:NAME"`` a random-weight model of a known shape with no tokenizer (see :mod:`.random_models`).
+    ``"random:NAME"`` a random-weight model of a known shape with no tokenizer (see :mod:`.random_models`),
+    a ``*.gguf`` path a GGUF file, a name of :data:`hub.KNOWN_FILES` (``"smollm2-135m-instruct"``)
+    that file, fetched into the cache on first use.
 
     Shards (``model-00001-of-00002.safetensors`` ...) are all read. ``model.config.eos_token_ids``
-    holds every stop id of ``config.json`` and ``generation_config.json``. Errors name the problem:
-    a missing folder or file, an unsupported ``model_type`` or config field (see docs/models.md),
-    a missing, unexpected or mis-shaped tensor.
+    holds every stop id of ``config.json`` and ``generation_config.json`` (of a GGUF: its EOS, EOT
+    and EOM ids). Errors name the problem: a missing folder or file, an unsupported ``model_type``,
+    config field or GGUF key (see docs/models.md), a missing, unexpected or mis-shaped tensor.
     """
     if is_random_model(path):
         return build_random_model(path, dtype, device), None
+    if isinstance(path, str) and path in hub.KNOWN_FILES and hub.KNOWN_FILES[path].filename.endswith(".gguf"):
+        path = hub.fetch(path)
+    if path is not None and str(path).endswith(".gguf"):
+        return _load_gguf(Path(path), dtype, device)
     folder = Path(path) if path is not None else EMBEDDED_MODEL_DIR
     if not folder.is_dir():
-        raise FileNotFoundError(f"model folder {str(folder)!r} does not exist")
+        models = [n for n, f in hub.KNOWN_FILES.items() if f.filename.endswith(".gguf")]
+        raise FileNotFoundError(
+            f"model {str(folder)!r} does not exist: it is neither a folder, a *.gguf file nor a known name; "
+            f"known names: {', '.join(models)}; or 'random:NAME', or None for the embedded model"
+        )
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{str(folder)!r} has no config.json")
     cfg = ModelConfig.from_folder(folder)
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{str(folder)!r} has no *.safetensors weights")
-
     # Built on the meta device: no memory is spent on weights that the checkpoint replaces.
     with torch.device("meta"):
         model = DecoderModel(cfg)
-    tensors = _read_shards(shards)
-    if cfg.tie_word_embeddings:  # one matrix serves both; a saved lm_head copy is not used (nor by transformers)
+    tensors = _tie(cfg, _read_shards(shards))
+    _check_tensors(model, tensors, folder)
+    return _assign(model, tensors, dtype, device), load_tokenizer(folder, cfg.eos_token_id)
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> tuple[DecoderModel, Tokenizer]:
+    """A GGUF file: metadata and tensor shapes checked first, then every tensor dequantized."""
+    reader = gguf_reader.open_gguf(path)
+    meta = gguf_reader.metadata(reader)
+    cfg = ModelConfig.from_dict(gguf_reader.config_dict(meta, {t.name for t in reader.tensors}))
+    tokenizer = build_tokenizer(meta, cfg.eos_token_id)
+    with torch.device("meta"):
+        model = DecoderModel(cfg)
+    _check_tensors(model, _tie(cfg, gguf_reader.tensor_shapes(reader)), path)  # before dequantizing anything
+    tensors = _tie(cfg, gguf_reader.read_tensors(reader, cfg))
+    return _assign(model, tensors, dtype, device), tokenizer
+
+
+def _tie(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """With tied embeddings one matrix serves both; a saved lm_head copy is not used (nor by transformers)."""
+    if cfg.tie_word_embeddings:
         shared = tensors.get("model.embed_tokens.weight", tensors.get("lm_head.weight"))
         if shared is not None:  # else _check_tensors names what is missing
             tensors["lm_head.weight"] = shared
-    _check_tensors(model, tensors, folder)
+    return tensors
+
+
+def _assign(
+    model: DecoderModel, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device | str
+) -> DecoderModel:
     model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True, assign=True)
-    if cfg.tie_word_embeddings:  # assign=True gave the two names two Parameters: tie them again
+    if model.config.tie_word_embeddings:  # assign=True gave the two names two Parameters: tie them again
         model.lm_head.weight = model.model.embed_tokens.weight
-    model = model.to(device).eval()
-    return model, load_tokenizer(folder, cfg.eos_token_id)
+    return model.to(device).eval()
 
 
 def _read_shards(shards: list[Path]) -> dict[str, torch.Tensor]:

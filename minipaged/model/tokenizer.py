@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from minipaged.model.chat_template import ChatTemplate
 
@@ -66,20 +66,26 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A ``tokenizer.json`` read with the ``tokenizers`` package (no transformers needed).
+    """A ``tokenizer.json`` read with the ``tokenizers`` package (no transformers needed), or a
+    ``tokenizers.Tokenizer`` built in memory (a GGUF file's, see :mod:`.gguf_tokenizer`).
 
     ``encode`` adds special tokens the way the file's post-processor says (a BOS for Llama), as
     transformers and vLLM do by default: a model trained with a BOS expects one.
     """
 
-    def __init__(self, path: str | Path, eos_token_id: int | None, chat_template: ChatTemplate | None = None) -> None:
-        try:
-            from tokenizers import Tokenizer as _Tokenizer
-        except ImportError as e:
-            raise ImportError(
-                f"reading {str(path)!r} needs the 'tokenizers' package (a minipaged dependency): pip install tokenizers"
-            ) from e
-        self._tok = _Tokenizer.from_file(str(path))
+    def __init__(
+        self, source: str | Path | Any, eos_token_id: int | None, chat_template: ChatTemplate | None = None
+    ) -> None:
+        if isinstance(source, (str, Path)):
+            try:
+                from tokenizers import Tokenizer as _Tokenizer
+            except ImportError as e:
+                raise ImportError(
+                    f"reading {str(source)!r} needs the 'tokenizers' package (a minipaged dependency): "
+                    "pip install tokenizers"
+                ) from e
+            source = _Tokenizer.from_file(str(source))
+        self._tok = source
         self.eos_token_id = eos_token_id
         self.chat_template = chat_template
 
