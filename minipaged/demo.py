@@ -21,6 +21,7 @@ from minipaged.engine.llm import LLM
 from minipaged.engine.messages import as_conversations, render, template_of
 from minipaged.engine.outputs import RequestOutput
 from minipaged.engine.sampling_params import SamplingParams
+from minipaged.model.chat_template import ChatTemplate
 from minipaged.tiny import task
 from minipaged.utils import cdiv
 
@@ -44,22 +45,24 @@ def main(args: argparse.Namespace) -> None:
     print(f"Part 1: {args.num_chats} chats with {args.model}, one shared system prompt, through the paged engine\n")
     try:
         llm = LLM(args.model, enable_prefix_caching=True)
-    except Exception as e:  # no network, no such folder: the copy model's part still runs
-        print(f"The chat model could not be loaded ({type(e).__name__}: {e}); pass --model FOLDER to use a local one.")
-        llm = None
-    if llm is not None:
-        real_chats(llm, QUESTIONS[: args.num_chats], args.max_tokens)
+        template = template_of(llm.tokenizer)
+    except Exception as e:  # no network, no such folder, no chat template: the copy model's part still runs
+        print(f"No chats: {type(e).__name__}: {e}\n(pass --model FOLDER for a local chat model)")
+        chatted = False
+    else:
+        real_chats(llm, template, QUESTIONS[: args.num_chats], args.max_tokens)
+        chatted = True
     print("\nPart 2: the embedded copy model, whose every completion has one right answer\n")
     copy_check(args.num_prompts, args.num_blocks, args.seed)
-    if llm is None:
+    if not chatted:
         raise SystemExit(1)
 
 
-def real_chats(llm: LLM, questions: Sequence[str], max_tokens: int) -> list[RequestOutput]:
-    """Serve one chat per question on an idle ``llm`` (prefix caching on), all with :data:`SYSTEM_PROMPT`,
-    greedy; print what happened."""
+def real_chats(llm: LLM, template: ChatTemplate, questions: Sequence[str], max_tokens: int) -> list[RequestOutput]:
+    """Serve one chat per question on an idle ``llm`` (prefix caching on), all with :data:`SYSTEM_PROMPT`
+    rendered by ``template``, greedy; print what happened."""
     chats = [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}] for q in questions]
-    prompts = render(as_conversations(chats), template_of(llm.tokenizer), llm.tokenizer, add_generation_prompt=True)
+    prompts = render(as_conversations(chats), template, llm.tokenizer, add_generation_prompt=True)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     request_ids = [llm.add_request(ids, params) for _, ids in prompts]
     # All the chats are prefilled in the first step: look at the pool right after it.
