@@ -1,65 +1,14 @@
-"""Command line: ``python -m minipaged demo | eval | serve | bench | animate | paper | course | slides | download``."""
+"""Command line: ``python -m minipaged demo | chat | eval | serve | bench | animate | paper | course | slides | download``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import random
 import sys
 
-from minipaged.utils import cdiv
+from minipaged.model.hub import DEFAULT_CHAT_MODEL
 
 BENCHES = ("memory", "kernels", "engine", "prefix", "serve")
-
-
-def demo(args: argparse.Namespace) -> None:
-    """Serve a few copy prompts with the embedded model through the paged engine; print KV figures."""
-    from minipaged import LLM, SamplingParams
-    from minipaged.tiny import task
-
-    rng = random.Random(args.seed)
-    # One shared "system prompt" of 208 characters (13 full blocks of 16): half the requests use it.
-    preamble = "You are a careful copy machine. Repeat the text between the markers exactly. " * 3
-    preamble = preamble[:208]
-    texts = ["hello paged attention", "blocks like os pages", "kv cache 2026", "minipaged"][: args.num_prompts]
-    texts += [task.random_text(rng) for _ in range(args.num_prompts - len(texts))]
-    prompts = [task.prompt_for(t, preamble if i % 2 == 0 else "") for i, t in enumerate(texts)]
-    llm = LLM(block_size=16, num_kvcache_blocks=args.num_blocks, max_num_seqs=8, enable_prefix_caching=True)
-    print(
-        "The embedded model (2 layers, 2M parameters, shipped in the package) has learnt one task:\n"
-        "copy the text between <copy> and <end>, whatever comes before it. [ok ] means it copied exactly.\n"
-    )
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
-    ok = 0
-    for text, prompt, out in zip(texts, prompts, outputs):
-        got = out.outputs[0].text
-        right = got == task.expected_completion(text)
-        ok += right
-        shared = prompt.startswith(preamble)
-        shown = f"[the shared {len(preamble)}-character preamble] + " if shared else ""
-        shown += repr(prompt[len(preamble) :] if shared else prompt)
-        print(
-            f"[{'ok ' if right else 'BAD'}] {len(out.prompt_token_ids):4d} prompt tokens, "
-            f"{out.num_cached_tokens:4d} from the prefix cache"
-        )
-        print(f"      prompt:     {shown}")
-        print(f"      completion: {got!r}")
-    print(f"\n{ok}/{len(texts)} completions exact")
-    s = llm.kv_stats()
-    print(
-        f"KV pool: {s['num_blocks']} blocks x {s['block_size']} tokens, {s['num_free_blocks']} free after the run; "
-        f"{s['num_preemptions']} preemptions; prefix cache hit {s['prefix_hit_tokens']} tokens, "
-        f"computed {s['prefill_tokens_computed']} prefill tokens"
-    )
-    lens = [len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outputs]
-    block = s["block_size"]
-    paged = sum(cdiv(n, block) * block for n in lens)
-    contiguous = len(lens) * llm.max_model_len
-    print(
-        f"KV slots for these {len(lens)} sequences: {sum(lens)} tokens; paged allocates {paged} "
-        f"({100 * (1 - sum(lens) / paged):.1f}% waste), contiguous would reserve {contiguous} "
-        f"({100 * (1 - sum(lens) / contiguous):.1f}% waste at max_model_len={llm.max_model_len})"
-    )
 
 
 def evaluate(args: argparse.Namespace) -> None:
@@ -84,16 +33,41 @@ def _rate(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:  # the server parses its own flags: one per engine keyword
         return importlib.import_module("minipaged.serve.cli").main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m minipaged", description="minipaged: paged KV memory, step by step")
     sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="run the embedded model through the paged engine")
+    d = sub.add_parser("demo", help="real chats sharing a system prompt, then the embedded copy model's check")
+    d.add_argument("--model", default=DEFAULT_CHAT_MODEL, help=f"the chat model (default {DEFAULT_CHAT_MODEL})")
+    d.add_argument(
+        "--num-chats", type=int, choices=range(1, 9), metavar="N", default=8, help="chats to serve, 1-8 (default 8)"
+    )
+    d.add_argument("--max-tokens", type=_positive, default=48, help="new tokens a chat at most (default 48)")
     d.add_argument("--num-prompts", type=_positive, default=8, help="how many copy prompts to serve (default 8)")
-    d.add_argument("--num-blocks", type=_positive, default=64, help="KV blocks of 16 tokens in the pool (default 64)")
+    d.add_argument(
+        "--num-blocks", type=_positive, default=64, help="KV blocks of 16 tokens in the copy model's pool (default 64)"
+    )
     d.add_argument("--seed", type=int, default=0, help="seed of the random texts after the first four (default 0)")
+    t = sub.add_parser(
+        "chat",
+        help="chat with a real model in the terminal: streamed answers, prefix-cache figures a turn",
+        description="A multi-turn chat, streamed token by token. After each answer: how many prompt tokens came "
+        "from the prefix cache (the conversation so far). Ctrl-C stops an answer and keeps the session; "
+        "Ctrl-D or /exit leaves. With piped stdin: one message a line, it exits at the end of the input.",
+    )
+    t.add_argument("--model", default=DEFAULT_CHAT_MODEL, help=f"the chat model (default {DEFAULT_CHAT_MODEL})")
+    t.add_argument("--system", default=None, help="a system prompt (default: the model's template's own)")
+    t.add_argument("--max-tokens", type=_positive, default=256, help="new tokens an answer at most (default 256)")
+    t.add_argument("--temperature", type=_non_negative, default=0.0, help="0 is greedy (the default)")
     e = sub.add_parser("eval", help="accuracy of the embedded model through the engine")
     e.add_argument("--num-cases", type=_positive, default=200, help="seeded copy prompts to check (default 200)")
     e.add_argument(
@@ -144,7 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--list", action="store_true", help="list the known names, their sizes and whether cached")
     args = p.parse_args(argv)
     if args.cmd == "demo":
+        from minipaged.demo import main as demo
+
         demo(args)
+    elif args.cmd == "chat":
+        from minipaged.chat import main as chat
+
+        chat(args)
     elif args.cmd == "eval":
         evaluate(args)
     elif args.cmd == "course":

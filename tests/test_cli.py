@@ -1,7 +1,8 @@
-"""The command line, ``python -m minipaged demo | eval | serve | bench | animate | ...``: parsing, help, dispatch.
+"""The command line, ``python -m minipaged demo | chat | eval | serve | bench | ...``: parsing, help, dispatch.
 
 The benches' own figures are tested in ``tests/bench/test_bench.py``; the animations in
-``tests/viz/test_animate.py``.
+``tests/viz/test_animate.py``; the demo and the chat with the real model in ``tests/test_demo.py`` and
+``tests/test_chat.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from minipaged.__main__ import BENCHES, main
 
-COMMANDS = ["demo", "eval", "serve", "bench", "animate", "course", "slides", "paper", "download"]
+COMMANDS = ["demo", "chat", "eval", "serve", "bench", "animate", "course", "slides", "paper", "download"]
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -69,6 +70,9 @@ BAD = {
     "unknown demo option": ["demo", "--bogus"],
     "zero prompts": ["demo", "--num-prompts", "0"],
     "not a number": ["demo", "--num-prompts", "many"],
+    "more chats than questions": ["demo", "--num-chats", "9"],
+    "a negative temperature": ["chat", "--temperature", "-1"],
+    "no answer at all": ["chat", "--max-tokens", "0"],
     "animate without --out": ["animate", "prefix"],
     "unknown animation": ["animate", "movie", "--out", "x.gif"],
     "animation of no frames": ["animate", "prefix", "--out", "x.gif", "--max-frames", "0"],
@@ -106,11 +110,12 @@ def test_bench_options_reach_the_bench(capsys):
 
 
 @pytest.mark.slow
-def test_demo_serves_the_embedded_model(capsys):
-    code, out, _ = run_main(["demo", "--num-prompts", "6"], capsys)
-    assert code == 0
+def test_demo_without_its_chat_model_still_checks_the_copy_model(tmp_path, capsys):
+    code, out, _ = run_main(["demo", "--model", str(tmp_path / "absent"), "--num-prompts", "6"], capsys)
+    assert code == 1
+    assert "No chats: FileNotFoundError: model folder" in out and "(pass --model FOLDER" in out
     assert "6/6 completions exact" in out
-    assert "from the prefix cache" in out and "paged allocates" in out
+    assert "from the prefix cache" in out and "Paged allocates" in out
 
 
 @pytest.mark.slow
@@ -120,7 +125,7 @@ def test_eval_reports_exact_completions(capsys):
     assert "embedded model: 4/4 exact completions (100.0%)" in out
 
 
-@pytest.mark.parametrize("command", ["demo", "eval", "animate", "course", "slides"])
+@pytest.mark.parametrize("command", ["demo", "chat", "eval", "animate", "course", "slides"])
 def test_every_option_and_argument_says_what_it_is(command, capsys):
     """No bare option in ``--help``: each has a help text (argparse prints it on the same line or the next)."""
     _, out, _ = run_main([command, "--help"], capsys)

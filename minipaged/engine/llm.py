@@ -8,7 +8,8 @@ One step is three calls: the :class:`Scheduler` decides (``schedule`` -> a
 :class:`ScheduledBatch`), the :class:`ModelRunner` executes (``run`` -> the sampled tokens),
 and the scheduler applies the outcome (``postprocess``). For notebooks and servers there is a
 step-level API: :meth:`LLM.add_request`, :meth:`LLM.step` (returns a :class:`StepSnapshot`),
-:meth:`LLM.abort_request` and :meth:`LLM.kv_stats`; :meth:`LLM.beam_search` runs beam search.
+:meth:`LLM.abort_request` and :meth:`LLM.kv_stats`; :meth:`LLM.beam_search` runs beam search;
+:meth:`LLM.chat` renders conversations with the model's chat template and generates.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.beam_search import BeamGroup, BeamSearchOutput
 from minipaged.engine.config import EngineConfig
 from minipaged.engine.kv_layout import build_kv_layout
+from minipaged.engine.messages import Conversation, as_conversations, render, template_of
 from minipaged.engine.model_runner import ModelRunner
 from minipaged.engine.outputs import Request, RequestOutput, StepSnapshot, take_snapshot
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
@@ -183,6 +185,28 @@ class LLM:
         prompt_list = inputs.as_prompt_list(prompts)
         ids = self._run_all(prompt_list, inputs.as_params_list(sampling_params, len(prompt_list)), use_tqdm)
         return [self._output(r) for r in ids]
+
+    def chat(
+        self,
+        messages: Conversation | Seq[Conversation],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of ``{"role", "content"}`` dicts) or a list of them.
+
+        Each is rendered with the model's chat template (or ``chat_template``, Jinja source) and
+        generated like a prompt; ``RequestOutput.prompt`` is the rendered text. A model without a
+        template, or a malformed conversation, raises before anything is queued.
+        """
+        conversations = as_conversations(messages)
+        template = template_of(self.tokenizer, chat_template)
+        rendered = render(conversations, template, self.tokenizer, add_generation_prompt)
+        outputs = self.generate([ids for _, ids in rendered], sampling_params, use_tqdm)
+        for out, (text, _) in zip(outputs, rendered):
+            out.prompt = text
+        return outputs
 
     def beam_search(
         self, prompts: inputs.Prompt | Seq[inputs.Prompt], params: BeamSearchParams, use_tqdm: bool = False
