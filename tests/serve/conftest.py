@@ -1,4 +1,5 @@
-"""Fixtures for the server's tests: the embedded model behind a real server (see harness.py).
+"""Fixtures for the server's tests: the embedded model behind a real server (see harness.py), and
+a headless Chromium for the pages.
 
 Without the server's libraries (``pip install -e ".[serve]"``, which ``.[test]`` includes) these
 tests are not collected.
