@@ -121,6 +121,7 @@ def main(argv: list[str]) -> None:
     from minipaged.serve.access import is_loopback, new_join_code
     from minipaged.serve.inputs import LESSON_SYSTEM_PROMPT
     from minipaged.serve.limits import Limits
+    from minipaged.serve.protocol import APIError
 
     engine_args = {k: getattr(args, k) for k in [*engine_names, "dtype", "device"] if hasattr(args, k)}
     if engine_args.get("kv_layout", "paged") == "paged":  # the shared blocks are the lesson's point
@@ -145,14 +146,10 @@ def main(argv: list[str]) -> None:
         max_requests_per_client=args.max_requests_per_client,
         max_queued_requests=args.max_queued_requests,
     )
-    app = create_app(
-        llm,
-        model_name=name,
-        limits=limits,
-        loopback=loopback,
-        join_code=join_code,
-        preamble=preamble,
-    )
+    try:
+        app = create_app(llm, model_name=name, limits=limits, loopback=loopback, join_code=join_code, preamble=preamble)
+    except APIError as e:  # the lesson's prompt itself is refused, e.g. longer than --max-prompt-tokens
+        parser.error(f"--preamble: {e.message}")
     shown = "THIS-MACHINE'S-ADDRESS" if args.host in ("0.0.0.0", "::") else args.host
     base = f"http://{shown}:{args.port}"
     code = f"?code={join_code}" if join_code else ""

@@ -86,14 +86,15 @@ class EngineInputs:
 
     def shared_prefix_tokens(self) -> int:
         """How many leading tokens every student's request shares (the lesson's prompt, as the model
-        sees it); 0 without a preamble. Two students' prompts that differ only in their text tell."""
+        sees it); 0 without a preamble. Two students' prompts that differ only in their text tell.
+        Raises :class:`APIError` if the lesson's prompt alone is over the prompt limits."""
         if self.preamble is None or self.tokenizer is None:
             return 0
         if self.chat_template is not None:
             a, b = ([{"role": "user", "content": t}] for t in ("a", "b"))
             ids = self.chat_prompt(a), self.chat_prompt(b)
         else:
-            ids = self.tokenizer.encode(self.lesson_prompt("a")), self.tokenizer.encode(self.lesson_prompt("b"))
+            ids = self.prompt("a", 0, False)[1], self.prompt("b", 0, False)[1]
         return next(i for i, (x, y) in enumerate(zip(*ids)) if x != y)
 
     def prompt(self, prompt: str | list[int], index: int, many: bool) -> tuple[str | list[int], list[int]]:

@@ -92,3 +92,14 @@ def test_a_model_and_the_copy_model_together_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "/some/folder", "--copy-model"])
     assert exit_.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+def test_a_preamble_over_the_prompt_limit_exits_2(tmp_path, capsys):
+    lesson = tmp_path / "lesson.txt"
+    lesson.write_text("a lesson prompt longer than the limit " * 2)  # 76 bytes + <copy>a<end>: 79 tokens
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--copy-model", "--preamble", str(lesson), "--max-prompt-tokens", "40"])
+    assert (
+        exit_.value.code == 2
+        and "--preamble: prompt: 79 tokens, over the server's limit of 40" in capsys.readouterr().err
+    )
