@@ -226,21 +226,21 @@ def engine_args(args, layout: str) -> dict:
         max_model_len=args.max_model_len,
         block_size=args.block_size,
     )
-    if layout == "paged" and args.enable_prefix_caching:
-        kwargs["enable_prefix_caching"] = True
+    if layout == "paged":  # said either way: the server's own default is on
+        kwargs["enable_prefix_caching"] = bool(args.enable_prefix_caching)
     return kwargs
 
 
 class LocalServer:
-    """``python -m minipaged serve`` on a free loopback port, for the length of a ``with``."""
+    """``python -m minipaged serve --copy-model`` on a free loopback port, for the length of a ``with``."""
 
     def __init__(self, kwargs: dict, num_prompts: int, start_timeout: float = 180) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "minipaged", "serve", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "minipaged", "serve", "--copy-model", "--port", str(self.port)]
         for k, v in kwargs.items():
-            flag = "--" + k.replace("_", "-")
-            cmd += [flag] if v is True else [flag, str(v)]
+            flag = k.replace("_", "-")
+            cmd += [f"--{flag}"] if v is True else [f"--no-{flag}"] if v is False else [f"--{flag}", str(v)]
         cmd += ["--max-queued-requests", str(num_prompts), "--max-tokens-cap", "100000"]
         self.cmd, self.start_timeout = cmd, start_timeout
 

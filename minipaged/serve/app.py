@@ -54,9 +54,9 @@ class Server:
         chat_template: ChatTemplate | None,
     ) -> None:
         self.llm, self.model_name = llm, model_name
-        self.inputs = EngineInputs(llm, limits, preamble)
+        self.inputs = EngineInputs(llm, limits, preamble, chat_template)
+        self.shared_prefix_tokens = self.inputs.shared_prefix_tokens()
         self.admission = Admission(limits, loopback)
-        self.chat_template = chat_template
         self.loop: EngineLoop | None = None
         self.metrics = metrics.registry(lambda: self.loop.live.stats if self.loop else {})
         self.created = int(time.time())
@@ -77,7 +77,8 @@ def create_app(
     chat_template: ChatTemplate | None = None,
 ) -> FastAPI:
     """The application; its engine loop starts and stops with the server (ASGI lifespan).
-    ``chat_template`` defaults to the model's own (its tokenizer's)."""
+    ``chat_template`` defaults to the model's own (its tokenizer's). ``preamble``: the lesson's
+    prompt, a chat model's system message (see :mod:`minipaged.serve.inputs`)."""
     limits = limits or Limits()
     if chat_template is None and llm.tokenizer is not None:
         chat_template = llm.tokenizer.chat_template
@@ -163,7 +164,9 @@ def _routes(app: FastAPI, server: Server) -> None:
                 "layout": live.layout,
                 "max_model_len": server.inputs.max_model_len,
                 "preamble": server.inputs.preamble,
+                "preamble_tokens": server.shared_prefix_tokens,
                 "copy_model": server.inputs.copy_model,
+                "chat": server.inputs.chat_template is not None,
                 "palette": projector.page_palette(),
             }
         )

@@ -1,4 +1,11 @@
-"""``python -m minipaged serve [MODEL] [--host H] [--port P] [engine args]``: start the server.
+"""``python -m minipaged serve [MODEL | --copy-model] [--host H] [--port P] [engine args]``: start the server.
+
+The model is the real chat model (:data:`~minipaged.model.hub.DEFAULT_CHAT_MODEL`) unless told
+otherwise: ``--copy-model`` serves the embedded copy model, ``MODEL`` any other (a folder, or
+``random:NAME``). A chat model's chats start with the lesson's system prompt (``--preamble FILE``,
+else :data:`~minipaged.serve.inputs.LESSON_SYSTEM_PROMPT`), and prefix caching is on unless
+``--no-enable-prefix-caching`` or ``--kv-layout contiguous``: every student's request then holds
+the same first blocks, drawn on the projector as shared.
 
 Every ``LLM`` keyword is a flag, spelled as vLLM spells its own (underscores as dashes:
 ``--max-model-len``, ``--num-kvcache-blocks``, ``--enable-prefix-caching``, ``--kv-layout``);
@@ -48,6 +55,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+    from minipaged.model.hub import DEFAULT_CHAT_MODEL
     from minipaged.serve.limits import PER_CLIENT_OFF_LOOPBACK, Limits
 
     d = Limits()
@@ -56,16 +64,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
         description="An OpenAI-compatible HTTP server over the engine, with a live projector page (/) and a "
         "page for students (/try). See docs/serving.md and docs/teaching.md.",
     )
-    p.add_argument(
-        "model", nargs="?", default=None, help="a model folder, or random:NAME (default: the embedded model)"
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "model", nargs="?", default=None, help=f"a model folder, or random:NAME (default: {DEFAULT_CHAT_MODEL})"
     )
+    which.add_argument("--copy-model", action="store_true", help="serve the embedded copy model (tiny-copy) instead")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--join-code", help="the code every request must carry (made up and printed if --host is not loopback)"
     )
     p.add_argument(
-        "--preamble", type=Path, metavar="FILE", help="the lesson's shared prompt, put before every text prompt"
+        "--preamble",
+        type=Path,
+        metavar="FILE",
+        help="the lesson's shared prompt: a chat model's system message (default: a lesson prompt of about "
+        "100 tokens), or put before every text prompt for a model that cannot chat (default: none)",
     )
     p.add_argument("--served-model-name", help="the model's name in the API (default: the model folder's name)")
     lim = p.add_argument_group("limits")
@@ -83,6 +97,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     return p, _engine_flags(p)
 
 
+def served_name(model: str | None) -> str:
+    """The model's name in the API: a folder's or file's name, else what it was called by."""
+    from minipaged.model.loader import EMBEDDED_MODEL_DIR
+
+    if model is None:
+        return EMBEDDED_MODEL_DIR.name
+    path = Path(model)
+    return path.name if path.is_dir() else path.stem if path.is_file() else model
+
+
 def main(argv: list[str]) -> None:
     parser, engine_names = build_parser()
     args = parser.parse_args(argv)
@@ -93,19 +117,26 @@ def main(argv: list[str]) -> None:
     except ImportError as e:
         parser.error(f'the server needs its libraries ({e.name} is missing): pip install -e ".[serve]"')
     from minipaged.engine.llm import LLM
-    from minipaged.model.loader import EMBEDDED_MODEL_DIR
+    from minipaged.model.hub import DEFAULT_CHAT_MODEL
     from minipaged.serve.access import is_loopback, new_join_code
+    from minipaged.serve.inputs import LESSON_SYSTEM_PROMPT
     from minipaged.serve.limits import Limits
+    from minipaged.serve.protocol import APIError
 
     engine_args = {k: getattr(args, k) for k in [*engine_names, "dtype", "device"] if hasattr(args, k)}
+    if engine_args.get("kv_layout", "paged") == "paged":  # the shared blocks are the lesson's point
+        engine_args.setdefault("enable_prefix_caching", True)
+    model = None if args.copy_model else args.model or DEFAULT_CHAT_MODEL
     try:
         preamble = args.preamble.read_text() if args.preamble else None
-        llm = LLM(args.model, **engine_args)
+        llm = LLM(model, **engine_args)
     except (OSError, ValueError, TypeError) as e:
-        parser.error(str(e))
-    folder = EMBEDDED_MODEL_DIR if args.model is None else Path(args.model)
-    folder = folder if folder.is_dir() else None
-    name = args.served_model_name or (folder.name if folder is not None else args.model)
+        default = model == DEFAULT_CHAT_MODEL and isinstance(e, OSError)
+        hint = " (or --copy-model: the embedded copy model, nothing to fetch)" if default else ""
+        parser.error(f"{e}{hint}")
+    if preamble is None and llm.tokenizer is not None and llm.tokenizer.chat_template is not None:
+        preamble = LESSON_SYSTEM_PROMPT
+    name = args.served_model_name or served_name(model)
     loopback = is_loopback(args.host)
     join_code = args.join_code or (None if loopback else new_join_code())
     limits = Limits(
@@ -115,19 +146,18 @@ def main(argv: list[str]) -> None:
         max_requests_per_client=args.max_requests_per_client,
         max_queued_requests=args.max_queued_requests,
     )
-    app = create_app(
-        llm,
-        model_name=name,
-        limits=limits,
-        loopback=loopback,
-        join_code=join_code,
-        preamble=preamble,
-    )
+    try:
+        app = create_app(llm, model_name=name, limits=limits, loopback=loopback, join_code=join_code, preamble=preamble)
+    except APIError as e:  # the lesson's prompt itself is refused, e.g. longer than --max-prompt-tokens
+        parser.error(f"--preamble: {e.message}")
     shown = "THIS-MACHINE'S-ADDRESS" if args.host in ("0.0.0.0", "::") else args.host
     base = f"http://{shown}:{args.port}"
     code = f"?code={join_code}" if join_code else ""
     stats = llm.kv_stats()
-    print(f"minipaged serve: {name}, {stats['kv_layout']} KV cache of {llm.num_blocks} blocks x {llm.block_size}")
+    caching = ", prefix caching" if llm.config.enable_prefix_caching else ""
+    print(
+        f"minipaged serve: {name}, {stats['kv_layout']} KV cache of {llm.num_blocks} blocks x {llm.block_size}{caching}"
+    )
     print(f"  projector: {base}/{code}")
     print(f"  students:  {base}/try{code}")
     print(f"  API:       {base}/v1  (openai client: base_url='{base}/v1', api_key='{join_code or 'any'}')")

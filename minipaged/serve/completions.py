@@ -63,24 +63,7 @@ async def chat_completions(request: Request) -> Response:
     server = request.app.state.server
     req = protocol.parse(ChatCompletionRequest, await request.body())
     server.check_model(req.model)
-    if server.chat_template is None:
-        raise APIError(
-            400,
-            f"messages: model '{server.model_name}' has no chat template (no chat_template in its "
-            f"tokenizer_config.json), so it cannot chat: use /v1/completions with a prompt",
-            "messages",
-        )
-    if not req.messages:
-        raise APIError(400, "messages: at least one message is needed", "messages")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    if server.inputs.preamble is not None and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": server.inputs.preamble})
-    try:
-        text = server.chat_template.render(messages)
-    except ValueError as e:
-        raise APIError(400, str(e), "messages") from None
-    ids = server.inputs.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the specials
-    server.inputs.check_ids(ids, "messages")
+    ids = server.inputs.chat_prompt([{"role": m.role, "content": m.text()} for m in req.messages])
     params = server.inputs.sampling_params(req, [ids], req.output_cap)
     return await _run(request, req, [(ids, ids)], params, chat=True)
 

@@ -5,9 +5,12 @@ the field at fault, so nothing invalid is ever queued: a token id outside the vo
 prompt over ``max_model_len`` or the server's prompt cap, ``max_tokens`` under 1 or over the cap,
 ``n`` over ``max_num_seqs``, a request that could not fit the whole KV pool.
 
-With ``--preamble FILE`` every text prompt becomes the lesson's prompt: the preamble, then the
-student's text (for the embedded copy model, in its format ``preamble<copy>text<end>``), so that
-every student's request starts with the same blocks.
+The lesson's prompt (``--preamble FILE``) is what every student's request starts with, so that
+they all start with the same blocks, stored once (stage 6's prefix cache). For a chat model it is
+the system message of every chat that brings none (:data:`LESSON_SYSTEM_PROMPT` by default:
+about 100 tokens of SmolLM2's template, 6 full blocks of 16); for a model that cannot chat, every
+text prompt becomes the preamble, then the student's text (for the embedded copy model, in its
+format ``preamble<copy>text<end>``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import dataclasses
 from minipaged.engine import inputs as engine_inputs
 from minipaged.engine.llm import LLM
 from minipaged.engine.sampling_params import SamplingParams
+from minipaged.model.chat_template import ChatTemplate
 from minipaged.serve.limits import Limits
 from minipaged.serve.protocol import APIError, SamplingRequest
 from minipaged.tiny import task
@@ -24,13 +28,23 @@ from minipaged.tiny import task
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 # the fields an engine error message may start with, e.g. "top_p must be in (0, 1]"
 PARAM_NAMES = SAMPLING_FIELDS | {"prompt"}
+LESSON_SYSTEM_PROMPT = (
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face. Today you are helping a class that "
+    "learns how a language model is served: how a prompt becomes tokens, how the keys and values of every token "
+    "are kept in fixed-size blocks of a paged cache, and how one engine step runs the requests of many students "
+    "together. Answer each question in two or three short sentences, in plain English, and say so when you are "
+    "not sure."
+)
 
 
 class EngineInputs:
     """What the server knows of the engine (read once, never changed) and how it checks requests."""
 
-    def __init__(self, llm: LLM, limits: Limits, preamble: str | None = None) -> None:
+    def __init__(
+        self, llm: LLM, limits: Limits, preamble: str | None = None, chat_template: ChatTemplate | None = None
+    ) -> None:
         self.tokenizer = llm.tokenizer
+        self.chat_template = chat_template
         self.vocab_size = llm.model.config.vocab_size
         self.max_model_len = llm.max_model_len
         self.max_num_seqs = llm.config.max_num_seqs
@@ -42,10 +56,46 @@ class EngineInputs:
         self.copy_model = task.COPY in specials and task.END in specials
 
     def lesson_prompt(self, text: str) -> str:
-        """A student's text inside the lesson's prompt (unchanged without a preamble)."""
-        if self.preamble is None:
+        """A student's text prompt inside the lesson's prompt (unchanged without a preamble, or for a
+        chat model, whose preamble is its chats' system message)."""
+        if self.preamble is None or self.chat_template is not None:
             return text
         return task.prompt_for(text, self.preamble) if self.copy_model else self.preamble + text
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The token ids of a chat (``[{"role": ..., "content": ...}, ...]``) laid out by the model's
+        template, the lesson's system message first if the chat brings none."""
+        if self.chat_template is None:
+            raise APIError(
+                400,
+                "messages: this model has no chat template (no chat_template in its tokenizer_config.json), "
+                "so it cannot chat: use /v1/completions with a prompt",
+                "messages",
+            )
+        if not messages:
+            raise APIError(400, "messages: at least one message is needed", "messages")
+        if self.preamble is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.preamble}, *messages]
+        try:
+            text = self.chat_template.render(messages)
+        except ValueError as e:
+            raise APIError(400, str(e), "messages") from None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
+        self.check_ids(ids, "messages")
+        return ids
+
+    def shared_prefix_tokens(self) -> int:
+        """How many leading tokens every student's request shares (the lesson's prompt, as the model
+        sees it); 0 without a preamble. Two students' prompts that differ only in their text tell.
+        Raises :class:`APIError` if the lesson's prompt alone is over the prompt limits."""
+        if self.preamble is None or self.tokenizer is None:
+            return 0
+        if self.chat_template is not None:
+            a, b = ([{"role": "user", "content": t}] for t in ("a", "b"))
+            ids = self.chat_prompt(a), self.chat_prompt(b)
+        else:
+            ids = self.prompt("a", 0, False)[1], self.prompt("b", 0, False)[1]
+        return next(i for i, (x, y) in enumerate(zip(*ids)) if x != y)
 
     def prompt(self, prompt: str | list[int], index: int, many: bool) -> tuple[str | list[int], list[int]]:
         """(what to give ``add_request``, its token ids). ``many``: the request has several prompts."""

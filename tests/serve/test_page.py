@@ -7,12 +7,10 @@ install chromium``, or ``MINIPAGED_CHROMIUM``) and playwright; every wait is bou
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 
 import httpx
 import pytest
-from browser.jupyterlab import find_chromium
 from serve.harness import ENGINE, ServerThread, wait_idle
 
 from minipaged import LLM
@@ -20,29 +18,7 @@ from minipaged.serve.app import create_app
 from minipaged.tiny import task
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-TIMEOUT_MS = 60_000
 PREAMBLE = "You copy the text after the marker, exactly. " * 3  # 135 chars: 8 shared blocks
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if importlib.util.find_spec("playwright") is None:
-        pytest.skip('playwright is not installed: pip install -e ".[test]"')
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip("Chromium not found: apt-get install chromium, or set MINIPAGED_CHROMIUM")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=chromium,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
-        )
-        context = b.new_context(viewport={"width": 1280, "height": 800})
-        context.set_default_timeout(TIMEOUT_MS)
-        yield context
-        b.close()
 
 
 @pytest.fixture(scope="module")

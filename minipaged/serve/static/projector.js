@@ -111,10 +111,27 @@ function logEvents(frame) {
   }
 }
 
+// The lesson's prompt: the first blocks of every student's request, the same blocks for all of
+// them (prefix caching); how many requests hold them now is their ref_cnt.
+function showLesson(frame) {
+  const config = Live.config;
+  const k = Math.floor(config.preamble_tokens / frame.block_size);
+  if (!k) return;
+  const what = config.chat ? "system prompt" : "preamble";
+  let text = `The lesson's ${what}: ${config.preamble_tokens} tokens, ${k} full blocks`;
+  const first = frame.running.length && frame.blocks.length ? frame.running[0].samples[0].blocks.slice(0, k) : [];
+  if (first.length === k) {
+    const held = Math.min(...first.map((b) => frame.blocks[b][0]));
+    text += ` (${first.slice(0, 8).join(", ")}${k > 8 ? ", …" : ""}), held by ${held} sequence(s) now`;
+  }
+  $("lesson").textContent = text;
+}
+
 function onFrame(frame) {
   Live.drawPool($("pool"), frame, null);
   $("pool-caption").textContent =
     `${frame.num_blocks} × ${frame.block_size} tokens · step ${frame.step}`;
+  showLesson(frame);
   showFigures(frame);
   showQueues(frame);
   showTables(frame);

@@ -1,24 +1,44 @@
-// /try: a student sends text through the OpenAI API (streaming) and sees their own blocks on
-// the pool. The request carries the student's name as OpenAI's `user` field: the projector
-// shows it as the request's owner, and this page outlines the blocks of that owner.
+// /try: a student sends a request through the OpenAI API (streaming) and sees their own blocks
+// on the pool. With a chat model it is a chat: the page keeps the conversation and sends all of
+// it each turn to /v1/chat/completions (the server puts the lesson's system prompt first); with
+// a model that cannot chat (the embedded copy model) it sends the text to /v1/completions.
+// Every request carries the student's name as OpenAI's `user` field: the projector shows it as
+// the request's owner, and this page outlines the blocks of that owner.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-let mine = null;
+let mine = null;  // the owner name of this student's requests
+let messages = [];  // the chat so far: {role, content}
 
 function onFrame(frame) {
   Live.drawPool($("mine-pool"), frame, mine);
   document.body.dataset.frame = frame.frame;
 }
 
+function describeLesson(config) {
+  const blocks = Math.floor(config.preamble_tokens / config.block_size);
+  const shared = `${config.preamble_tokens} tokens: its first ${blocks} blocks of ${config.block_size} ` +
+    "are the same for everyone, stored once and marked ×N on the pool";
+  if (config.chat) {
+    $("system").hidden = false;
+    $("system-text").textContent = config.preamble;
+    return `Every chat starts with the lesson's system prompt (${shared}).`;
+  }
+  return `Your text is sent after the lesson's shared preamble (${config.preamble.length} characters, ${shared}).`;
+}
+
 function onStatus(ok, text) {
   $("status").textContent = text;
   if (ok && Live.config) {
+    const config = Live.config;
     Live.legend($("legend"));
-    $("preamble-note").textContent = Live.config.preamble
-      ? `Your text is sent after the lesson's shared preamble (${Live.config.preamble.length} characters), ` +
-        "so its first blocks are the same for everyone."
-      : "";
+    $("preamble-note").textContent = config.preamble ? describeLesson(config) : "";
+    if (config.chat) {
+      $("title").textContent = `Chat with ${config.model}`;
+      $("text-label").textContent = "Your message";
+      $("answer-title").hidden = $("answer").hidden = true;
+      $("transcript").hidden = $("new-chat").hidden = false;
+    }
   }
 }
 
@@ -38,43 +58,76 @@ async function readStream(response, onText) {
       if (line === "[DONE]") return;
       const chunk = JSON.parse(line);
       if (chunk.error) throw new Error(chunk.error.message);
-      for (const c of chunk.choices) onText(c.text);
+      for (const c of chunk.choices) onText(c.delta ? c.delta.content || "" : c.text);
     }
+  }
+}
+
+// POST a streamed request; call onText for each piece of the answer.
+async function post(path, body, onText) {
+  const response = await fetch(path, {
+    method: "POST",
+    headers: Live.headers({ "Content-Type": "application/json" }),
+    body: JSON.stringify(Object.assign({ max_tokens: Number($("max-tokens").value), stream: true, user: mine }, body)),
+  });
+  if (!response.ok) {
+    const answer = await response.json().catch(() => ({}));
+    throw new Error((answer.error && answer.error.message) || "HTTP " + response.status);
+  }
+  await readStream(response, onText);
+}
+
+function bubble(role, text) {
+  const li = document.createElement("li");
+  li.className = role;
+  li.textContent = text;
+  $("transcript").appendChild(li);
+  return li;
+}
+
+async function chatTurn(text) {
+  messages.push({ role: "user", content: text });
+  bubble("user", text);
+  const reply = bubble("assistant", "");
+  try {
+    await post("/v1/chat/completions", { messages, temperature: 0 }, (piece) => { reply.textContent += piece; });
+    messages.push({ role: "assistant", content: reply.textContent });
+    $("text").value = "";
+  } catch (e) {
+    messages.pop();  // the turn did not happen: it is not sent again
+    reply.textContent = e.message;
+    reply.classList.add("error");
+  }
+}
+
+async function completion(text) {
+  const answer = $("answer");
+  answer.textContent = "";
+  answer.classList.remove("error");
+  try {
+    await post("/v1/completions", { prompt: text, temperature: 0 }, (piece) => { answer.textContent += piece; });
+  } catch (e) {
+    answer.textContent = e.message;
+    answer.classList.add("error");
   }
 }
 
 async function send(event) {
   event.preventDefault();
-  const answer = $("answer");
-  answer.textContent = "";
-  answer.classList.remove("error");
-  // a unique owner name, so that two students called Ana are told apart
-  mine = $("name").value.trim().slice(0, 12) + "·" + Math.floor(Math.random() * 90 + 10);
+  const name = $("name").value.trim().slice(0, 12);
+  // a unique owner name, so that two students called Ana are told apart; kept for a whole chat
+  if (!mine || !mine.startsWith(name + "·")) mine = name + "·" + Math.floor(Math.random() * 90 + 10);
   $("send").disabled = true;
   try {
-    const response = await fetch("/v1/completions", {
-      method: "POST",
-      headers: Live.headers({ "Content-Type": "application/json" }),
-      body: JSON.stringify({
-        prompt: $("text").value,
-        max_tokens: Number($("max-tokens").value),
-        temperature: 0,
-        stream: true,
-        user: mine,
-      }),
-    });
-    if (!response.ok) {
-      const body = await response.json().catch(() => ({}));
-      throw new Error((body.error && body.error.message) || "HTTP " + response.status);
-    }
-    await readStream(response, (text) => { answer.textContent += text; });
-  } catch (e) {
-    answer.textContent = e.message;
-    answer.classList.add("error");
+    await (Live.config && Live.config.chat ? chatTurn : completion)($("text").value);
   } finally {
     $("send").disabled = false;
   }
 }
 
 $("form").addEventListener("submit", send);
+$("new-chat").addEventListener("click", () => {
+  messages = [];
+  $("transcript").replaceChildren();
+});
 Live.connect(onFrame, onStatus);
