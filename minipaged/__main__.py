@@ -9,7 +9,7 @@ import sys
 
 from minipaged.utils import cdiv
 
-BENCHES = ("memory", "kernels", "engine", "prefix", "serve")
+BENCHES = ("memory", "kernels", "engine", "prefix", "serve", "chat")
 
 
 def demo(args: argparse.Namespace) -> None:

@@ -94,18 +94,21 @@ class Attention(nn.Module):
         self.qkv = _stack([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: CacheAttention) -> torch.Tensor:
-        n = x.shape[0]
-        if self.qkv is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        n, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
+        if self.qkv is not None and not hasattr(self, "q_norm"):
+            # Fused: q's and k's heads sit side by side in one output, so one rotation serves both.
+            qkv = F.linear(x, *self.qkv).view(n, heads + 2 * kv_heads, self.head_dim)
+            q, k = self.rotary(qkv[:, : heads + kv_heads], positions).split([heads, kv_heads], dim=1)
+            v = qkv[:, heads + kv_heads :]
         else:
-            kv = self.num_kv_heads * self.head_dim
-            q, k, v = F.linear(x, *self.qkv).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
+            if self.qkv is None:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            else:
+                q, k, v = F.linear(x, *self.qkv).split([heads * self.head_dim, *[kv_heads * self.head_dim] * 2], -1)
+            q, k, v = q.view(n, heads, -1), k.view(n, kv_heads, -1), v.view(n, kv_heads, -1)
+            if hasattr(self, "q_norm"):
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
         out = attn.attend(self.layer, q, k, v)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 
