@@ -26,8 +26,9 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -179,9 +180,9 @@ def compare(llm: LLM, hf, chats: Sequence[int], new_tokens: int, repeats: int) -
     rows = []
     for n in chats:
         prompts = chat_prompts(llm, n)
-        runners = [
-            lambda p=prompts: run_minipaged(llm, p, new_tokens),
-            lambda p=prompts: run_transformers(hf, p, new_tokens, pad_id),
+        runners: list[Callable[[], EngineRun]] = [
+            partial(run_minipaged, llm, prompts, new_tokens),
+            partial(run_transformers, hf, prompts, new_tokens, pad_id),
         ]
         ours, theirs = fastest_of(runners, repeats)
         rows.append(ChatRow(n, ours, theirs))

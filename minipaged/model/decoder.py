@@ -91,7 +91,8 @@ class Attention(nn.Module):
 
     def fuse(self) -> None:
         """Stack q_proj, k_proj, v_proj into one ``[(heads + 2 kv_heads) * head_dim, hidden]`` weight."""
-        self.qkv = _stack([self.q_proj, self.k_proj, self.v_proj])
+        if self.qkv is None:
+            self.qkv = _stack([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: CacheAttention) -> torch.Tensor:
         n, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
@@ -126,7 +127,8 @@ class MLP(nn.Module):
 
     def fuse(self) -> None:
         """Stack gate_proj and up_proj into one ``[2 * intermediate, hidden]`` weight."""
-        self.gate_up = _stack([self.gate_proj, self.up_proj])
+        if self.gate_up is None:
+            self.gate_up = _stack([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is None:
@@ -177,10 +179,9 @@ class DecoderModel(nn.Module):
         """Stack each layer's Q/K/V and gate/up weights (see the module's docstring); call it once
         the weights are loaded and on their device. The state dict keeps its names and values, so
         loading into a fused model still works (in place). Fusing twice changes nothing."""
-        for layer in self.model.layers:
-            if layer.self_attn.qkv is None:
-                layer.self_attn.fuse()
-                layer.mlp.fuse()
+        for module in self.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.fuse()
         return self
 
     @property
