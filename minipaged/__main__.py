@@ -8,7 +8,7 @@ import sys
 
 from minipaged.model.hub import DEFAULT_CHAT_MODEL
 
-BENCHES = ("memory", "kernels", "engine", "prefix", "serve")
+BENCHES = ("memory", "kernels", "engine", "prefix", "serve", "chat")
 
 
 def evaluate(args: argparse.Namespace) -> None:

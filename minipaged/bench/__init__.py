@@ -1,4 +1,4 @@
-"""Benchmarks that print the figures quoted in docs/: ``python -m minipaged bench {memory,kernels,engine,prefix}``."""
+"""Benchmarks that print the figures quoted in docs/: ``python -m minipaged bench WHICH`` (see ``BENCHES``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Where a step's time goes: schedule, prepare (packing + metadata), forward, sample, other.
 
 :class:`StepTimer` wraps the engine's phases for the duration of a ``with`` block and puts them
-back afterwards, so the engine itself carries no timing code.
+back afterwards, so the engine itself carries no timing code. Inside the forward it also times
+``attention`` (every layer's ``attend``: the KV write and the attention itself), in
+``seconds["attention"]``; the forward's rest is the matrix products and the small ops around them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class StepTimer:
         self._wrap(llm.runner, "prepare", "prepare")
         self._wrap(llm.model, "forward", "forward")
         self._wrap(llm.runner, "sample", "sample")
+        self._wrap(llm.runner.attn, "attend", "attention")  # inside forward: not one of PHASES
         self._wrap(llm, "_step_once", "total")
         return self
 

@@ -63,6 +63,7 @@ class LLM:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
+        self.model.fuse()  # Q/K/V and gate/up as one matrix each: fewer, wider products a step
         mc = self.model.config
         self.config, self.block_size, self.max_model_len = cfg, cfg.block_size, cfg.model_len(mc)
         self.num_blocks, why = cfg.num_blocks(mc, dtype, device)

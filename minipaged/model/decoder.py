@@ -4,6 +4,14 @@ Tokens of all sequences in a step are packed into one flat batch: ``input_ids: [
 ``positions: [num_tokens]``. Attention is the only place where tokens of one sequence meet, so
 the decoder hands it to a cache attention object (see :mod:`minipaged.attention.cache_attention`):
 ``attn.attend(layer, q, k, v)``. The decoder stays unaware of how the KV cache is laid out.
+
+**Fused projections.** Q, K and V read the same input, and so do the MLP's gate and up: after
+the weights are loaded, :meth:`DecoderModel.fuse` stacks each group into one matrix, so a layer
+runs 4 matrix products instead of 7 (vLLM's ``QKVParallelLinear`` and
+``MergedColumnParallelLinear`` do the same). At one row a product is a matrix-vector read of
+its weights, and each call has a fixed cost; fewer, wider calls read the same bytes in fewer
+launches. The separate ``q_proj`` ... ``up_proj`` weights become views into the stacked matrix:
+no memory is spent twice, and the parameter names (Hugging Face's) stay what the loader checks.
 """
 
 from __future__ import annotations
@@ -44,6 +52,21 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def _stack(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight ``[sum of out_features, in_features]`` (and bias) for linears that read the same
+    input; each linear's weight (and bias) becomes a view of its rows, so the values live once."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    bias = torch.cat([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
+    row = 0
+    for m in linears:
+        rows = slice(row, row + m.out_features)
+        m.weight = nn.Parameter(weight[rows], requires_grad=False)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[rows], requires_grad=False)
+        row += m.out_features
+    return weight, bias
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
@@ -64,15 +87,29 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.rotary = rotary  # one module shared by every layer: cos/sin are computed once per step
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """Stack q_proj, k_proj, v_proj into one ``[(heads + 2 kv_heads) * head_dim, hidden]`` weight."""
+        if self.qkv is None:
+            self.qkv = _stack([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: CacheAttention) -> torch.Tensor:
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        n, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
+        if self.qkv is not None and not hasattr(self, "q_norm"):
+            # Fused: q's and k's heads sit side by side in one output, so one rotation serves both.
+            qkv = F.linear(x, *self.qkv).view(n, heads + 2 * kv_heads, self.head_dim)
+            q, k = self.rotary(qkv[:, : heads + kv_heads], positions).split([heads, kv_heads], dim=1)
+            v = qkv[:, heads + kv_heads :]
+        else:
+            if self.qkv is None:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            else:
+                q, k, v = F.linear(x, *self.qkv).split([heads * self.head_dim, *[kv_heads * self.head_dim] * 2], -1)
+            q, k, v = q.view(n, heads, -1), k.view(n, kv_heads, -1), v.view(n, kv_heads, -1)
+            if hasattr(self, "q_norm"):
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
         out = attn.attend(self.layer, q, k, v)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(out.reshape(n, -1))
 
@@ -86,9 +123,18 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = ACTIVATIONS[cfg.hidden_act]
+        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """Stack gate_proj and up_proj into one ``[2 * intermediate, hidden]`` weight."""
+        if self.gate_up is None:
+            self.gate_up = _stack([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is None:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -128,6 +174,15 @@ class DecoderModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def fuse(self) -> DecoderModel:
+        """Stack each layer's Q/K/V and gate/up weights (see the module's docstring); call it once
+        the weights are loaded and on their device. The state dict keeps its names and values, so
+        loading into a fused model still works (in place). Fusing twice changes nothing."""
+        for module in self.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.fuse()
+        return self
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,256 @@
+"""Benchmark: the real chat model, against transformers and against the memory's speed.
+
+``python -m minipaged bench chat [--model M] [--quick] [--repeats R] [--new-tokens N]``
+
+- **(a) tokens/s at 1, 8 and 32 concurrent chats**: short questions rendered with the model's
+  chat template, greedy, every chat ``N`` new tokens (default 64; ``ignore_eos``, and
+  transformers is told of no EOS), minipaged against transformers' ``generate`` on the same
+  fp32 weights (one left-padded batch). The transformers model is built from minipaged's loaded
+  weights, so both read the very same numbers; the tokens are compared chat by chat.
+- **(b) the 1-row decode step against the memory's speed**: a step at one row multiplies one
+  vector by every matrix of the model, so it cannot take less than the time to read the weights
+  once. The bench measures the copy bandwidth of this machine in the same run (a 256 MiB
+  tensor copied, bytes read + written over seconds) and prints the median decode step of the
+  1-chat run over ``weight bytes / bandwidth``.
+- **(c) where a decode step's time goes**, at 1 and at 32 rows: the step outside the forward
+  (schedule, packing, sampling, bookkeeping), attention (every layer's KV write and attention)
+  and the rest of the forward (the matrix products, norms, RoPE and activations).
+
+Every ratio is measured side by side in this one process: each engine runs ``--repeats`` times
+(default 3), the two taking turns, and each one's fastest run counts (:func:`fastest_of`).
+The prompts of a random model (``random:NAME``, no tokenizer) are random token ids.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from minipaged import LLM, SamplingParams
+from minipaged.bench import parser
+from minipaged.bench.engine import EngineRun, fastest_of
+from minipaged.bench.step_timer import StepTimer
+from minipaged.model.decoder import DecoderModel
+from minipaged.model.hub import DEFAULT_CHAT_MODEL
+
+QUESTIONS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Why is the sky blue?",
+    "Give me three tips for sleeping better.",
+    "What does a compiler do?",
+    "Write a haiku about autumn.",
+    "How do vaccines work?",
+    "Explain recursion to a child.",
+    "What is the difference between weather and climate?",
+    "Name three planets and one fact about each.",
+    "How do I boil an egg?",
+    "What is photosynthesis?",
+    "Suggest a name for a grey cat.",
+    "Why do leaves change colour in autumn?",
+    "What is a prime number?",
+    "How does a bicycle stay upright?",
+    "Translate 'good morning' into Spanish and French.",
+    "What causes the tides?",
+    "Give me a short recipe for pancakes.",
+    "What is the Pythagorean theorem?",
+    "How do bees make honey?",
+    "What is machine learning, in two sentences?",
+    "Why is exercise good for the heart?",
+    "What is the tallest mountain on Earth?",
+    "How do I write a polite email asking for a day off?",
+    "What is inflation?",
+    "Explain what a black hole is.",
+    "List four musical instruments.",
+    "How does the internet send a message from one computer to another?",
+    "What is the boiling point of water at sea level?",
+    "Why do we have seasons?",
+    "What should I pack for a weekend hike?",
+    "How many legs does a spider have?",
+)
+COPY_BYTES = 256 * 2**20
+
+
+def chat_prompts(llm: LLM, n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` first user turns as token ids: rendered with the chat template when the tokenizer has
+    one, random ids of 20-40 tokens for a model without a tokenizer."""
+    tok = llm.tokenizer
+    if tok is None:
+        rng = random.Random(seed)
+        vocab = llm.model.config.vocab_size
+        return [[rng.randrange(vocab) for _ in range(rng.randint(20, 40))] for _ in range(n)]
+    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
+    if tok.chat_template is None:
+        return [tok.encode(q) for q in questions]
+    turns = [[{"role": "user", "content": q}] for q in questions]
+    rendered = [tok.chat_template.render(t, add_generation_prompt=True) for t in turns]
+    return [tok.encode(text, add_special_tokens=False) for text in rendered]
+
+
+def transformers_twin(model: DecoderModel):
+    """A transformers ``*ForCausalLM`` holding ``model``'s weights (fp32), told of no EOS."""
+    import transformers
+
+    d = model.config.to_hf_dict()
+    config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    hf.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=True)
+    hf.tie_weights()
+    hf.generation_config.eos_token_id = None  # every chat runs its N tokens, as ignore_eos does
+    return hf
+
+
+def run_minipaged(llm: LLM, prompts: Sequence[list[int]], new_tokens: int) -> EngineRun:
+    """Every chat submitted at once, stepped until done; ``steps`` holds (seconds, decode rows, prefill tokens)."""
+    run = EngineRun("minipaged")
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    ids = [llm.add_request(p, params) for p in prompts]
+    while llm.has_unfinished_requests():
+        start = time.perf_counter()
+        batch, _ = llm._step_once()
+        decodes = sum(1 for n in batch.q_lens if n == 1)
+        run.steps.append((time.perf_counter() - start, decodes, sum(batch.q_lens) - decodes))
+    run.seconds = sum(t for t, _, _ in run.steps)
+    run.output_tokens = new_tokens * len(prompts)
+    run.tokens = [llm._output(i).outputs[0].token_ids for i in ids]
+    return run
+
+
+def run_transformers(hf, prompts: Sequence[list[int]], new_tokens: int, pad_id: int) -> EngineRun:
+    """One left-padded ``generate`` batch of every chat, greedy, ``new_tokens`` each."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    run = EngineRun("transformers")
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = hf.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id
+        )
+    run.seconds = time.perf_counter() - start
+    run.output_tokens = new_tokens * len(prompts)
+    run.tokens = out[:, width:].tolist()
+    return run
+
+
+def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
+    """Bytes per second of one large tensor copy (read + written), the best of ``repeats``."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every distinct weight storage (a tied matrix, or fused views, counted once)."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return sum(storages.values())
+
+
+@dataclass
+class ChatRow:
+    """One concurrency level of (a): the fastest run of each engine."""
+
+    chats: int
+    ours: EngineRun
+    theirs: EngineRun
+
+    @property
+    def ratio(self) -> float:
+        return self.ours.tokens_per_s / self.theirs.tokens_per_s
+
+    @property
+    def identical(self) -> int:
+        """Chats whose tokens are the same in both engines."""
+        return sum(a == b for a, b in zip(self.ours.tokens, self.theirs.tokens))
+
+
+def compare(llm: LLM, hf, chats: Sequence[int], new_tokens: int, repeats: int) -> list[ChatRow]:
+    """(a): for each number of chats, both engines on the same prompts, taking turns."""
+    pad_id = llm.model.config.pad_token_id or 0
+    rows = []
+    for n in chats:
+        prompts = chat_prompts(llm, n)
+        runners: list[Callable[[], EngineRun]] = [
+            partial(run_minipaged, llm, prompts, new_tokens),
+            partial(run_transformers, hf, prompts, new_tokens, pad_id),
+        ]
+        ours, theirs = fastest_of(runners, repeats)
+        rows.append(ChatRow(n, ours, theirs))
+        print(
+            f"  {n:3d} chats  minipaged {ours.tokens_per_s:7.1f}  transformers {theirs.tokens_per_s:7.1f} tokens/s  "
+            f"ratio {rows[-1].ratio:.2f}x  identical tokens {rows[-1].identical}/{n} chats"
+        )
+    return rows
+
+
+def decode_step_seconds(run: EngineRun) -> float:
+    """The median step of ``run`` that held decode rows only."""
+    return statistics.median(t for t, decodes, prefill in run.steps if decodes and not prefill)
+
+
+def step_breakdown(llm: LLM, rows: int, steps: int) -> dict[str, float]:
+    """(c): seconds per decode step at ``rows`` running chats: total, outside the forward,
+    attention, and the rest of the forward."""
+    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    for p in chat_prompts(llm, rows):
+        llm.add_request(p, params)
+    llm._step_once()  # the prefill
+    llm._step_once()  # one decode step untimed: the first one allocates
+    with StepTimer(llm) as timer:
+        for _ in range(steps):
+            llm._step_once()
+    while llm.has_unfinished_requests():
+        llm._step_once()
+    s = {k: v / steps for k, v in timer.seconds.items()}
+    return {
+        "step": s["total"],
+        "outside the forward": s["total"] - s["forward"],
+        "attention": s["attention"],
+        "rest of the forward": s["forward"] - s["attention"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = parser("chat", __doc__)
+    p.add_argument("--model", default=DEFAULT_CHAT_MODEL, help=f"a model name or folder (default {DEFAULT_CHAT_MODEL})")
+    p.add_argument("--quick", action="store_true", help="1 and 2 chats, 4 tokens, one run each: a smoke run")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each engine, taking turns; the fastest counts")
+    p.add_argument("--new-tokens", type=int, default=64, help="new tokens of every chat (default 64)")
+    a = p.parse_args(argv)
+    chats, new_tokens, repeats, steps = ((1, 2), 4, 1, 2) if a.quick else ((1, 8, 32), a.new_tokens, a.repeats, 16)
+    llm = LLM(a.model, max_num_seqs=max(chats), max_model_len=512, num_kvcache_blocks=max(chats) * 16)
+    hf = transformers_twin(llm.model)
+    nbytes = weight_bytes(llm.model)
+    print(
+        f"{a.model}: {nbytes / 1e6:.0f} MB of {llm.model.dtype} weights, {torch.get_num_threads()} CPU threads, "
+        f"{new_tokens} new tokens a chat, fastest of {repeats} runs each"
+    )
+    print("(a) output tokens/s, minipaged vs transformers generate (one padded batch, same weights)")
+    rows = compare(llm, hf, chats, new_tokens, repeats)
+    bandwidth = copy_bandwidth()
+    step = decode_step_seconds(rows[0].ours)
+    floor = nbytes / bandwidth
+    print(
+        f"(b) 1-row decode step {1e3 * step:.1f} ms; reading the weights once at the copy bandwidth "
+        f"measured now ({bandwidth / 1e9:.1f} GB/s) takes {1e3 * floor:.1f} ms: step / bandwidth limit "
+        f"{step / floor:.2f}x"
+    )
+    print("(c) where a decode step's time goes (ms per step)")
+    breakdown = {}
+    for n in (1, max(chats)):
+        parts = breakdown[n] = step_breakdown(llm, n, steps)
+        print(
+            f"  {n:3d} rows  step {1e3 * parts['step']:6.1f}: "
+            + ", ".join(f"{k} {1e3 * v:.1f} ({100 * v / parts['step']:.0f}%)" for k, v in parts.items() if k != "step")
+        )
+    return {"rows": rows, "bandwidth": bandwidth, "weight_bytes": nbytes, "step": step, "breakdown": breakdown}
