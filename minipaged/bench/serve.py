@@ -65,7 +65,8 @@ Work = list[tuple[str, int]]  # (prompt text, max_tokens) per request
 def workload(args) -> Work:
     """The requests ``args.dataset`` asks for: copy prompts, or ShareGPT sampled as vLLM samples it."""
     if args.dataset == "sharegpt":
-        return [(r.prompt, r.output_len) for r in sharegpt.sample_requests(args.num_prompts, args.seed)]
+        requests = sharegpt.sample_requests(args.num_prompts, args.seed, output_len=args.sharegpt_output_len)
+        return [(r.prompt, r.output_len) for r in requests]
     rng = random.Random(args.seed)
     preamble = task.random_preamble(rng, args.preamble_chars, args.preamble_chars)
     texts = [task.random_text(rng, 4, task.MAX_TEXT_CHARS) for _ in range(args.num_prompts)]
@@ -326,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--join-code", help="the server's join code, if it has one")
     p.add_argument("--dataset", choices=("copy", "sharegpt"), default="copy", help="the prompts (default: copy)")
     p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--sharegpt-output-len", type=int, help="sharegpt: every request's max_tokens (default: its own)")
     p.add_argument("--request-rate", "--rate", type=_rate, default=float("inf"), help="requests/s, or inf")
     p.add_argument("--max-concurrency", type=int, default=64, help="requests in flight at most (0: no limit)")
     p.add_argument("--max-tokens", type=int, default=task.MAX_TEXT_CHARS + 1, help="copy: each request's max_tokens")

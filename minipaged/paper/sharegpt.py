@@ -202,26 +202,33 @@ def is_valid(
     output_len: np.ndarray,
     max_prompt_len: int = MAX_PROMPT_LEN,
     max_total_len: int = MAX_TOTAL_LEN,
+    skip_min_output: bool = False,
 ) -> np.ndarray:
-    """vLLM's filter, elementwise: both at least 4 tokens, the prompt at most 1,024, both at most 2,048."""
+    """vLLM's filter, elementwise: both at least 4 tokens (the output not, with ``skip_min_output``),
+    the prompt at most 1,024, both together at most 2,048."""
     return (
         (prompt_len >= MIN_LEN)
-        & (output_len >= MIN_LEN)
+        & ((output_len >= MIN_LEN) | skip_min_output)
         & (prompt_len <= max_prompt_len)
         & (prompt_len + output_len <= max_total_len)
     )
 
 
-def sample_indices(lengths: Lengths, num_requests: int, seed: int = 0, **limits: int) -> list[int]:
+def sample_indices(
+    lengths: Lengths, num_requests: int, seed: int = 0, output_len: int | None = None, **limits: int
+) -> list[int]:
     """Indexes into the candidates (:meth:`ShareGPT.pairs`) that vLLM's benchmark would send, in its order.
 
-    ``limits`` (``max_prompt_len``, ``max_total_len``) change :func:`is_valid`'s bounds.
+    ``output_len`` replaces every output length (vLLM's ``--sharegpt-output-len``; the filter then
+    skips the output's minimum); ``limits`` (``max_prompt_len``, ``max_total_len``) change
+    :func:`is_valid`'s bounds.
     """
     if num_requests < 1:
         raise ValueError(f"num_requests must be at least 1, got {num_requests}")
     order = list(range(len(lengths.prompt)))
     random.Random(seed).shuffle(order)  # what random.seed(seed); random.shuffle(data) does
-    valid = is_valid(lengths.prompt, lengths.output, **limits)
+    output = lengths.output if output_len is None else np.full_like(lengths.output, output_len)
+    valid = is_valid(lengths.prompt, output, skip_min_output=output_len is not None, **limits)
     chosen = [i for i in order if valid[i]][:num_requests]
     if not chosen:
         raise ValueError("no ShareGPT conversation passes the length filter: loosen max_prompt_len / max_total_len")
@@ -243,14 +250,16 @@ def sample_requests(
     seed: int = 0,
     tokenizer: LengthTokenizer | None = None,
     path: str | Path | None = None,
+    output_len: int | None = None,
     **limits: int,
 ) -> list[SampleRequest]:
-    """``num_requests`` ShareGPT requests sampled as vLLM's serving benchmark samples them."""
+    """``num_requests`` ShareGPT requests sampled as vLLM's serving benchmark samples them
+    (``output_len``: every request's ``max_tokens``, instead of its second turn's length)."""
     lengths = token_lengths(tokenizer, path)
     pairs = ShareGPT.load(path).pairs()
     return [
-        SampleRequest(pairs[i][0], int(lengths.prompt[i]), int(lengths.output[i]))
-        for i in sample_indices(lengths, num_requests, seed, **limits)
+        SampleRequest(pairs[i][0], int(lengths.prompt[i]), int(lengths.output[i]) if output_len is None else output_len)
+        for i in sample_indices(lengths, num_requests, seed, output_len, **limits)
     ]
 
 
