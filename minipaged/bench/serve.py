@@ -1,7 +1,8 @@
 """Benchmark: the server under load, measured the way vLLM's serving benchmark measures it.
 
-``python -m minipaged bench serve [--base-url URL] [--num-prompts 256] [--request-rate inf]
-[--max-concurrency 64] [--kv-layout paged,contiguous] [--compare-offline] [--watch-projector]``
+``python -m minipaged bench serve [--base-url URL] [--dataset copy|sharegpt] [--num-prompts 256]
+[--request-rate inf] [--max-concurrency 64] [--kv-layout paged,contiguous] [--compare-offline]
+[--watch-projector]``
 
 Requests arrive as a Poisson process at ``--request-rate`` per second (``inf``: all at once),
 at most ``--max-concurrency`` in flight, each a real HTTP request streamed over server-sent
@@ -17,8 +18,12 @@ same requests in this process and prints the server's tokens/s as a share of it 
 overhead) and whether the texts are identical. ``--watch-projector`` reads the projector's frame
 stream during the run and prints how many frames it got per second.
 
-The prompts are the embedded model's copy task (a shared preamble of ``--preamble-chars``, then
-a random text), greedy. Timings are this machine's, under whatever else runs on it.
+Two datasets, greedy. ``--dataset copy`` (the default): the embedded model's copy task (a shared
+preamble of ``--preamble-chars``, then a random text), ``--max-tokens`` each. ``--dataset
+sharegpt``: real ShareGPT conversations sampled as vLLM's serving benchmark samples them
+(:mod:`minipaged.paper.sharegpt`: the first turn's text is the prompt, the second turn's length
+in the real model's tokens is ``max_tokens``; seeded by ``--seed``), and the servers the bench
+starts load the real chat model. Timings are this machine's, under whatever else runs on it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minipaged.bench import parser
+from minipaged.paper import sharegpt
 from minipaged.tiny import task
 
 
@@ -53,10 +59,18 @@ class Result:
     itl: list[float] = field(default_factory=list)
 
 
-def workload(num_prompts: int, preamble_chars: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    preamble = task.random_preamble(rng, preamble_chars, preamble_chars)
-    return [task.prompt_for(task.random_text(rng, 4, task.MAX_TEXT_CHARS), preamble) for _ in range(num_prompts)]
+Work = list[tuple[str, int]]  # (prompt text, max_tokens) per request
+
+
+def workload(args) -> Work:
+    """The requests ``args.dataset`` asks for: copy prompts, or ShareGPT sampled as vLLM samples it."""
+    if args.dataset == "sharegpt":
+        requests = sharegpt.sample_requests(args.num_prompts, args.seed, output_len=args.sharegpt_output_len)
+        return [(r.prompt, r.output_len) for r in requests]
+    rng = random.Random(args.seed)
+    preamble = task.random_preamble(rng, args.preamble_chars, args.preamble_chars)
+    texts = [task.random_text(rng, 4, task.MAX_TEXT_CHARS) for _ in range(args.num_prompts)]
+    return [(task.prompt_for(text, preamble), args.max_tokens) for text in texts]
 
 
 async def one_request(client, url: str, body: dict, headers: dict) -> Result:
@@ -105,7 +119,7 @@ async def one_request(client, url: str, body: dict, headers: dict) -> Result:
 async def run_load(
     base_url: str,
     model: str,
-    prompts: list[str],
+    prompts: Work,
     args,
     headers: dict,
     watch: bool,
@@ -121,11 +135,11 @@ async def run_load(
         seen: list[int] = []
         watcher = asyncio.ensure_future(_watch(client, base_url, headers, seen)) if watch else None
 
-        async def limited(prompt: str) -> Result:
+        async def limited(prompt: str, max_tokens: int) -> Result:
             body = dict(
                 model=model,
                 prompt=prompt,
-                max_tokens=args.max_tokens,
+                max_tokens=max_tokens,
                 temperature=0.0,
                 ignore_eos=args.ignore_eos,
                 stream=True,
@@ -136,8 +150,8 @@ async def run_load(
 
         start = time.perf_counter()
         tasks = []
-        for prompt in prompts:
-            tasks.append(asyncio.ensure_future(limited(prompt)))
+        for prompt, max_tokens in prompts:
+            tasks.append(asyncio.ensure_future(limited(prompt, max_tokens)))
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.exponential(1.0 / args.request_rate))
         results = await asyncio.gather(*tasks)
@@ -232,12 +246,12 @@ def engine_args(args, layout: str) -> dict:
 
 
 class LocalServer:
-    """``python -m minipaged serve --copy-model`` on a free loopback port, for the length of a ``with``."""
+    """``python -m minipaged serve`` (``model``, else ``--copy-model``) on a free loopback port, for the length of a ``with``."""
 
-    def __init__(self, kwargs: dict, num_prompts: int, start_timeout: float = 180) -> None:
+    def __init__(self, kwargs: dict, num_prompts: int, model: str | None = None, start_timeout: float = 180) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "minipaged", "serve", "--copy-model", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "minipaged", "serve", *([model] if model else ["--copy-model"]), "--port", str(self.port)]
         for k, v in kwargs.items():
             flag = k.replace("_", "-")
             cmd += [f"--{flag}"] if v is True else [f"--no-{flag}"] if v is False else [f"--{flag}", str(v)]
@@ -270,7 +284,7 @@ class LocalServer:
             self.proc.wait(5)
 
 
-def offline(kwargs: dict, prompts: list[str], args) -> tuple[float, list[str], int]:
+def offline(kwargs: dict, prompts: Work, args, model: str | None = None) -> tuple[float, list[str], int]:
     """LLM.generate on the same requests: (output tokens/s, texts, output tokens).
 
     It runs on a thread of its own, as the server's engine does, so that both use torch the same
@@ -280,14 +294,14 @@ def offline(kwargs: dict, prompts: list[str], args) -> tuple[float, list[str], i
     """
     from minipaged import LLM, SamplingParams
 
-    llm = LLM(**kwargs)
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+    llm = LLM(model, **kwargs)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=args.ignore_eos) for _, n in prompts]
     done: dict = {}
 
     def work() -> None:
         start = time.perf_counter()
         try:
-            done["outs"] = llm.generate(prompts, params, use_tqdm=False)
+            done["outs"] = llm.generate([p for p, _ in prompts], params, use_tqdm=False)
         except Exception as e:  # raised again below, on the caller's thread
             done["error"] = e
         done["duration"] = time.perf_counter() - start
@@ -311,29 +325,39 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--base-url", help="a running server (e.g. http://127.0.0.1:8000); default: start minipaged's")
     p.add_argument("--model", help="the model name to send (default: what GET /v1/models lists)")
     p.add_argument("--join-code", help="the server's join code, if it has one")
+    p.add_argument("--dataset", choices=("copy", "sharegpt"), default="copy", help="the prompts (default: copy)")
     p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--sharegpt-output-len", type=int, help="sharegpt: every request's max_tokens (default: its own)")
     p.add_argument("--request-rate", "--rate", type=_rate, default=float("inf"), help="requests/s, or inf")
     p.add_argument("--max-concurrency", type=int, default=64, help="requests in flight at most (0: no limit)")
-    p.add_argument("--max-tokens", type=int, default=task.MAX_TEXT_CHARS + 1)
+    p.add_argument("--max-tokens", type=int, default=task.MAX_TEXT_CHARS + 1, help="copy: each request's max_tokens")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
-    p.add_argument("--preamble-chars", type=int, default=160, help="the shared preamble's length")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preamble-chars", type=int, default=160, help="copy: the shared preamble's length")
+    p.add_argument("--seed", type=int, default=0, help="the copy texts' seed, or ShareGPT's shuffle")
     p.add_argument("--timeout", type=float, default=600, help="seconds one request may take")
     p.add_argument("--watch-projector", action="store_true", help="count the projector frames pushed meanwhile")
     p.add_argument("--compare-offline", action="store_true", help="also run LLM.generate on the same requests")
     g = p.add_argument_group("servers started by the bench (without --base-url)")
+    g.add_argument(
+        "--serve-model",
+        help=f"the model they load (default: the embedded model; with --dataset sharegpt {sharegpt.REAL_MODEL})",
+    )
     g.add_argument("--kv-layout", default="paged", help="paged, contiguous, or both: paged,contiguous")
     g.add_argument("--num-kvcache-blocks", type=int, default=512)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-model-len", type=int, default=320)
+    g.add_argument("--max-model-len", type=int, help="default: 320 (copy), 2048 (sharegpt)")
     g.add_argument("--enable-prefix-caching", action="store_true")
     args = p.parse_args(argv)
-    prompts = workload(args.num_prompts, args.preamble_chars, args.seed)
+    if args.max_model_len is None:
+        args.max_model_len = sharegpt.MAX_TOTAL_LEN if args.dataset == "sharegpt" else 320
+    model = args.serve_model or (str(sharegpt.REAL_MODEL) if args.dataset == "sharegpt" else None)
+    prompts = workload(args)
     headers = {"Authorization": f"Bearer {args.join_code}"} if args.join_code else {}
+    max_tokens = sum(n for _, n in prompts) / len(prompts)
     print(
-        f"{len(prompts)} requests, rate {args.request_rate}/s, at most {args.max_concurrency or 'all'} at once, "
-        f"max_tokens {args.max_tokens}{' (ignore_eos)' if args.ignore_eos else ''}"
+        f"{len(prompts)} {args.dataset} requests, rate {args.request_rate}/s, at most {args.max_concurrency or 'all'} "
+        f"at once, mean max_tokens {max_tokens:.1f}{' (ignore_eos)' if args.ignore_eos else ''}"
     )
     if args.base_url:
         rows = {"server": _bench(args.base_url.rstrip("/"), prompts, args, headers)}
@@ -341,10 +365,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = {}
         for layout in args.kv_layout.split(","):
             kwargs = engine_args(args, layout)
-            with LocalServer(kwargs, len(prompts)) as server:
+            with LocalServer(kwargs, len(prompts), model) as server:
                 rows[layout] = _bench(server.url, prompts, args, headers, title=layout)
             if args.compare_offline:
-                _compare_offline(kwargs, prompts, args, rows[layout])
+                _compare_offline(kwargs, prompts, args, rows[layout], model)
     if len(rows) > 1:
         (a, fa), (b, fb) = list(rows.items())[:2]
         print(
@@ -353,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
-def _bench(base_url: str, prompts: list[str], args, headers: dict, title: str = "server") -> dict:
+def _bench(base_url: str, prompts: Work, args, headers: dict, title: str = "server") -> dict:
     import httpx
 
     model = args.model or httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
@@ -369,8 +393,8 @@ def _bench(base_url: str, prompts: list[str], args, headers: dict, title: str = 
     return figures
 
 
-def _compare_offline(kwargs: dict, prompts: list[str], args, served: dict) -> None:
-    rate, texts, tokens = offline(kwargs, prompts, args)
+def _compare_offline(kwargs: dict, prompts: Work, args, served: dict, model: str | None) -> None:
+    rate, texts, tokens = offline(kwargs, prompts, args, model)
     same = sum(a == b for a, b in zip(texts, served["texts"]))
     print(
         f"LLM.generate on the same {len(prompts)} requests: {rate:.2f} output tokens/s ({tokens} tokens); "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -94,6 +95,15 @@ class HFTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """``encode`` of every text, on all the machine's cores (the ``tokenizers`` package's threads)."""
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the whole tokenizer (vocabulary, merges, rules): equal fingerprints encode alike."""
+        return hashlib.sha256(self._tok.to_str().encode()).hexdigest()
 
 
 def load_tokenizer(folder: str | Path, eos_token_id: int | None) -> Tokenizer | None:

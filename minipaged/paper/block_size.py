@@ -5,9 +5,10 @@ block tables long and every gather short; large blocks waste up to a block per s
 share less. The paper measures end-to-end latency on an A100 and settles on 16 (16-128 best on
 ShareGPT, 16-32 on Alpaca, whose short sequences feel a large last block most).
 
-Here: the share of KV memory holding tokens at each block size, replayed on both traces as in
-Fig. 2; and the engine's tokens/s at each block size with ``random:smollm2-135m`` on
-Alpaca-shaped requests, the same 1,024 slots of KV memory split into blocks of that size.
+Here: the share of KV memory holding tokens at each block size, replayed as in Fig. 2 on
+ShareGPT-shaped (lognormal), real ShareGPT and Alpaca-shaped lengths; and the engine's tokens/s
+at each block size with ``random:smollm2-135m`` on Alpaca-shaped requests, the same 1,024 slots
+of KV memory split into blocks of that size.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from minipaged.paper.engines import BUDGET, MODEL, make_llm, vocab_size, warm_up
 from minipaged.paper.report import PaperResult
 from minipaged.paper.reservation import MAX_LEN, OPT13B_A100_SLOTS, saturated_shares
 from minipaged.paper.serving import alpaca_requests
-from minipaged.paper.workloads import ALPACA, SHAREGPT, paper_trace
+from minipaged.paper.workloads import TRACES, trace_for
 from minipaged.sim import PagedReplay, replay
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -38,10 +39,11 @@ def block_size_sweep(
     quick: bool = False,
 ) -> PaperResult:
     res = PaperResult("fig18b", "Fig. 18b: block size, memory holding tokens and throughput", "measured", quick=quick)
+    sim_requests = {"sharegpt": sharegpt_requests, "sharegpt-real": sharegpt_requests, "alpaca": alpaca_requests_sim}
     slots = BUDGET["num_kvcache_blocks"] * BUDGET["block_size"]
     res.settings = {
         "sim_slots": OPT13B_A100_SLOTS,
-        "sim_requests": {"sharegpt": sharegpt_requests, "alpaca": alpaca_requests_sim},
+        "sim_requests": sim_requests,
         "model": model,
         "engine_slots": slots,
         "engine_requests": engine_requests,
@@ -49,10 +51,10 @@ def block_size_sweep(
         "max_output": max_output,
     }
     memory: dict[str, dict[str, float]] = {}
-    for key, shape, n in (("sharegpt", SHAREGPT, sharegpt_requests), ("alpaca", ALPACA, alpaca_requests_sim)):
-        trace = paper_trace(shape, n, 0, max_len=MAX_LEN)
+    for key, n in sim_requests.items():
+        trace = trace_for(key, n, 0, max_len=MAX_LEN)
         memory[key] = {}
-        for b in tqdm(block_sizes, desc=f"fig18b memory ({shape.name})", leave=False):
+        for b in tqdm(block_sizes, desc=f"fig18b memory ({key})", leave=False):
             blocks = OPT13B_A100_SLOTS // b
             memory[key][str(b)] = saturated_shares(replay(trace, PagedReplay(blocks, b)).series, blocks * b)["tokens"]
     requests = alpaca_requests(engine_requests, vocab_size(model), 0, max_output)
@@ -65,9 +67,9 @@ def block_size_sweep(
         run = run_engine(llm, f"block {b}", requests)
         throughput[str(b)], tokens[b] = run.tokens_per_s, run.tokens
     res.data = {"memory_tokens_share": memory, "tokens_per_s": throughput}
-    for key, label in (("sharegpt", "ShareGPT"), ("alpaca", "Alpaca")):
-        for b, share in memory[key].items():
-            res.add(f"{label}, block {b}: memory holding tokens", 100 * share, unit="%")
+    for key, shares in memory.items():
+        for b, share in shares.items():
+            res.add(f"{TRACES[key]}, block {b}: memory holding tokens", 100 * share, unit="%")
     for b, value in throughput.items():
         res.add(f"engine, block {b}: tokens/s", value)
     best = max(throughput, key=throughput.get)

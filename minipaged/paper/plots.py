@@ -50,9 +50,14 @@ def draw_beside_paper(result: dict, unit: str | None = None) -> Figure:
     return fig
 
 
-def draw_memory_shares(result: dict) -> Figure:
-    """Fig. 2: where each system's KV memory goes, stacked; the paper's token share as a tick."""
-    data, paper = result["data"], {r["label"].split(",")[0]: r["paper"] for r in result["rows"]}
+def draw_memory_shares(result: dict, trace: str = "sharegpt") -> Figure:
+    """Fig. 2: where each system's KV memory goes, stacked; the paper's token share as a tick.
+
+    ``trace``: ``"sharegpt"`` (lognormal lengths) or ``"sharegpt-real"`` (the real file's lengths).
+    """
+    data = result["data"] if trace == "sharegpt" else result["data"][trace]
+    names_in = set(SYSTEM_NAMES.values())
+    paper = {part: r["paper"] for r in result["rows"] for part in r["label"].split(", ") if part in names_in}
     parts = (("tokens", PAGED, "token states"), ("reservation", RESERVED, "reserved for later tokens"))
     parts += (("internal", WASTE, "never filled"), ("free", FREE, "free, unusable"))
     fig, ax = new_figure(11, 4)
@@ -73,7 +78,7 @@ def draw_memory_shares(result: dict) -> Figure:
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of KV memory (steps with a queue waiting)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=10)
-    ax.set_title(_title(result), loc="left")
+    ax.set_title(f"{_title(result)}  {trace}", loc="left")
     return fig
 
 
@@ -93,11 +98,11 @@ def draw_latency(result: dict) -> Figure:
 
 
 def draw_block_size(result: dict) -> Figure:
-    """Fig. 18b: memory holding tokens (both traces) and the engine's tokens/s against the block size."""
+    """Fig. 18b: memory holding tokens (every trace) and the engine's tokens/s against the block size."""
     fig, (mem, speed) = new_figure(12, 4.2, ncols=2)
-    for trace, color in (("sharegpt", OURS), ("alpaca", THEIRS)):
-        shares = result["data"]["memory_tokens_share"][trace]
-        mem.plot([int(b) for b in shares], [100 * v for v in shares.values()], "o-", color=color, label=trace)
+    colors = {"sharegpt": OURS, "sharegpt-real": SEQUENCE_COLORS[3], "alpaca": THEIRS}
+    for trace, shares in result["data"]["memory_tokens_share"].items():  # runs saved before real lengths: two
+        mem.plot([int(b) for b in shares], [100 * v for v in shares.values()], "o-", color=colors[trace], label=trace)
     mem.set_ylabel("% of KV memory holding tokens")
     throughput = result["data"]["tokens_per_s"]
     speed.plot([int(b) for b in throughput], list(throughput.values()), "o-", color=SEQUENCE_COLORS[2])

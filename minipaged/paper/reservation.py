@@ -5,7 +5,9 @@ context (2,048 tokens for OPT-13B) per request, **Pow2** the next power of two o
 output, **Oracle** exactly prompt + output (it knows every output length in advance). vLLM
 (paged) takes a block of 16 slots whenever the last one fills.
 
-Here each system replays the same trace with the paper's mean lengths on the same KV memory:
+Here each system replays the same trace on the same KV memory, twice for ShareGPT: lognormal
+lengths with the paper's means, and the real file's lengths (:mod:`minipaged.paper.sharegpt`:
+the real model's tokens, vLLM's sampling and filter). The memory is
 what an A100-40GB has left beside OPT-13B's weights, 14,640 slots (12 GB at 800 KB a token;
 seven 2,048-token reservations fit, as in the paper, where Orca (Max) batches 7.00 requests).
 Every request arrives at once, so there is always a queue and each system holds as many
@@ -23,7 +25,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from minipaged.paper.report import PaperResult
-from minipaged.paper.workloads import ALPACA, SHAREGPT, SYSTEM_LABELS, TraceShape, mean_lengths, paper_trace
+from minipaged.paper.workloads import SYSTEM_LABELS, TRACES, mean_lengths, trace_for
 from minipaged.sim import ContiguousReplay, PagedReplay, replay
 
 OPT13B_A100_SLOTS = 915 * 16  # 12 GB of KV at 819,200 bytes a token, in whole blocks of 16
@@ -34,6 +36,11 @@ SYSTEMS = {  # our name -> (the paper's name, the replay's reservation rule; Non
     for name, reserve in (("orca-max", "max"), ("orca-pow2", "pow2"), ("orca-oracle", "exact"), ("paged", None))
 }
 PAPER_FIG2 = {"orca-max": 20.4, "orca-pow2": 26.8, "orca-oracle": 38.2, "paged": 96.3}  # % holding tokens
+REAL_NOTE = (
+    "real lengths: the package index's ShareGPT copy (cut: its complete records only) in SmolLM2's tokens, "
+    "sampled and filtered as vLLM's serving benchmark does; the paper's are OPT's tokens of the whole file. "
+    "Alpaca has no copy on the package index: its trace stays lognormal"
+)
 PAPER_FIG13 = {  # mean batch size (ShareGPT at 2 requests/s, Alpaca at 30 requests/s)
     "sharegpt": {"orca-max": 7.00, "orca-pow2": 9.81, "orca-oracle": 13.62, "paged": 30.42},
     "alpaca": {"orca-max": 7.00, "orca-pow2": 43.24, "orca-oracle": 72.75, "paged": 132.44},
@@ -42,20 +49,21 @@ PAPER_FIG13 = {  # mean batch size (ShareGPT at 2 requests/s, Alpaca at 30 reque
 
 @lru_cache(maxsize=8)
 def memory_breakdown(
-    shape: TraceShape,
+    trace: str,
     num_requests: int,
     seeds: tuple[int, ...] = SEEDS,
     num_slots: int = OPT13B_A100_SLOTS,
     block_size: int = 16,
 ) -> dict:
-    """Replay saturated traces (one per seed) through the four systems; average over the seeds.
+    """Replay saturated traces ``trace`` (a key of :data:`~minipaged.paper.workloads.TRACES`, one per
+    seed) through the four systems; average over the seeds.
 
     Returns ``{"trace": {...}, system: {"tokens", "reservation", "internal", "free" (shares of all
     KV memory, summing to 1), "batch" (mean running requests), "batch_range" (lowest and highest
     seed)}}``, each averaged over the steps when a request was waiting. One seed's long tail can
     move a figure by 5%: the seeds' mean is steadier. Cached: Fig. 2 and Fig. 13 share the replays.
     """
-    runs = [_breakdown_one(shape, num_requests, seed, num_slots, block_size) for seed in seeds]
+    runs = [_breakdown_one(trace, num_requests, seed, num_slots, block_size) for seed in seeds]
     out: dict = {"trace": {"requests": num_requests, "seeds": list(seeds), **runs[0]["trace"]}}
     for name in SYSTEMS:
         per_seed = [r[name] for r in runs]
@@ -64,8 +72,8 @@ def memory_breakdown(
     return out
 
 
-def _breakdown_one(shape: TraceShape, num_requests: int, seed: int, num_slots: int, block_size: int) -> dict:
-    trace = paper_trace(shape, num_requests, seed, max_len=MAX_LEN)
+def _breakdown_one(name: str, num_requests: int, seed: int, num_slots: int, block_size: int) -> dict:
+    trace = trace_for(name, num_requests, seed, max_len=MAX_LEN)
     out: dict = {"trace": mean_lengths(trace)}
     for name, (_, reserve) in SYSTEMS.items():
         system = (
@@ -103,23 +111,30 @@ def _settings(num_slots: int, block_size: int, requests: dict[str, int]) -> dict
 def memory_waste(
     num_requests: int = 1000, seeds: tuple[int, ...] = SEEDS, num_slots: int = OPT13B_A100_SLOTS, quick: bool = False
 ) -> PaperResult:
-    """Fig. 2: the share of KV memory holding tokens, ShareGPT-shaped requests."""
-    res = PaperResult("fig2", "Fig. 2: share of KV memory holding tokens (ShareGPT-shaped)", "simulated", quick=quick)
-    res.settings = _settings(num_slots, 16, {"sharegpt": num_requests})
-    res.data = memory_breakdown(SHAREGPT, num_requests, tuple(seeds), num_slots)
-    for name, (label, _) in SYSTEMS.items():
-        res.add(f"{label}, holding tokens", 100 * res.data[name]["tokens"], PAPER_FIG2[name], "%")
-    for name, (label, _) in SYSTEMS.items():
-        d = res.data[name]
+    """Fig. 2: the share of KV memory holding tokens, on ShareGPT-shaped and on real ShareGPT lengths.
+
+    ``data[system]`` is the lognormal trace's breakdown, ``data["sharegpt-real"][system]`` the real one's.
+    """
+    res = PaperResult("fig2", "Fig. 2: share of KV memory holding tokens (ShareGPT)", "simulated", quick=quick)
+    res.settings = _settings(num_slots, 16, {"sharegpt": num_requests, "sharegpt-real": num_requests})
+    res.data = memory_breakdown("sharegpt", num_requests, tuple(seeds), num_slots)
+    res.data["sharegpt-real"] = memory_breakdown("sharegpt-real", num_requests, tuple(seeds), num_slots)
+    for key, runs in (("sharegpt", res.data), ("sharegpt-real", res.data["sharegpt-real"])):
+        for name, (label, _) in SYSTEMS.items():
+            res.add(f"{TRACES[key]}, {label}, holding tokens", 100 * runs[name]["tokens"], PAPER_FIG2[name], "%")
+    for key, runs in (("sharegpt", res.data), ("sharegpt-real", res.data["sharegpt-real"])):
+        for name, (label, _) in SYSTEMS.items():
+            d = runs[name]
+            res.notes.append(
+                f"{TRACES[key]}, {label}: reserved for later tokens {100 * d['reservation']:.1f}%, never filled "
+                f"{100 * d['internal']:.1f}%, free but unusable {100 * d['free']:.1f}%"
+            )
+        t = runs["trace"]
         res.notes.append(
-            f"{label}: reserved for later tokens {100 * d['reservation']:.1f}%, never filled "
-            f"{100 * d['internal']:.1f}%, free but unusable {100 * d['free']:.1f}%"
+            f"{TRACES[key]}: {num_requests} requests, mean prompt {t['prompt']:.1f} / output {t['output']:.1f} "
+            f"tokens, mean of {len(seeds)} seed{'s' * (len(seeds) > 1)}"
         )
-    t = res.data["trace"]
-    res.notes.append(
-        f"traces: {num_requests} requests, mean prompt {t['prompt']:.1f} / output {t['output']:.1f} tokens, "
-        f"mean of {len(seeds)} seed{'s' * (len(seeds) > 1)}"
-    )
+    res.notes.append(REAL_NOTE)
     return res
 
 
@@ -130,18 +145,21 @@ def batch_size(
     num_slots: int = OPT13B_A100_SLOTS,
     quick: bool = False,
 ) -> PaperResult:
-    """Fig. 13: mean batch size of the four systems on both traces (memory-bound: a queue always waits)."""
+    """Fig. 13: mean batch size of the four systems on every trace (memory-bound: a queue always waits)."""
     res = PaperResult("fig13", "Fig. 13: mean batch size (requests running at once)", "simulated", quick=quick)
-    res.settings = _settings(num_slots, 16, {"sharegpt": sharegpt_requests, "alpaca": alpaca_requests})
-    for key, shape, n in (("sharegpt", SHAREGPT, sharegpt_requests), ("alpaca", ALPACA, alpaca_requests)):
-        res.data[key] = memory_breakdown(shape, n, tuple(seeds), num_slots)
+    sizes = {"sharegpt": sharegpt_requests, "sharegpt-real": sharegpt_requests, "alpaca": alpaca_requests}
+    res.settings = _settings(num_slots, 16, sizes)
+    for key, n in sizes.items():
+        res.data[key] = memory_breakdown(key, n, tuple(seeds), num_slots)
+        paper = PAPER_FIG13[key.removesuffix("-real")]
         for name, (label, _) in SYSTEMS.items():
-            res.add(f"{shape.name}, {label}", res.data[key][name]["batch"], PAPER_FIG13[key][name])
+            res.add(f"{TRACES[key]}, {label}", res.data[key][name]["batch"], paper[name])
         ratio = res.data[key]["paged"]["batch"] / res.data[key]["orca-max"]["batch"]
-        paper_ratio = PAPER_FIG13[key]["paged"] / PAPER_FIG13[key]["orca-max"]
-        res.add(f"{shape.name}, paged / Orca (Max)", ratio, paper_ratio, "x")
+        res.add(f"{TRACES[key]}, paged / Orca (Max)", ratio, paper["paged"] / paper["orca-max"], "x")
     res.notes.append(
         "ours is the batch memory allows (a queue always waits); the paper's is at a fixed rate "
         "(ShareGPT 2 req/s, Alpaca 30 req/s), where its paged system is not always memory-bound"
     )
+    real = res.data["sharegpt-real"]["trace"]
+    res.notes.append(f"real ShareGPT: mean prompt {real['prompt']:.1f} / output {real['output']:.1f}; {REAL_NOTE}")
     return res

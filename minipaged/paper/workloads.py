@@ -7,12 +7,18 @@ lognormal lengths (:func:`minipaged.sim.synthetic_trace`; the spread ``sigma`` i
 shows histograms, not parameters), then scales them so that the trace's own means are the
 paper's (a few hundred long-tailed draws can miss a mean by 10%, and every figure moves with
 it). :func:`engine_requests` turns a trace into token-id prompts for the engine.
+
+ShareGPT also runs on its **real lengths** (``"sharegpt-real"``: :mod:`minipaged.paper.sharegpt`,
+the package index's copy of the file counted in the real model's tokens, sampled as vLLM's
+serving benchmark samples it). Alpaca has no copy on the package index: it stays lognormal.
+:func:`trace_for` gives any of the three by name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minipaged.paper import sharegpt
 from minipaged.sim import TraceRequest, synthetic_trace, token_ids_for
 
 # The paper's systems: Orca with three reservation rules against vLLM's paged memory.
@@ -54,6 +60,22 @@ def paper_trace(
     for _ in range(CALIBRATION_ROUNDS):  # clipping to max_len moves the means again: a few rounds settle them
         _scale_means(trace, shape, max_len)
     return trace
+
+
+TRACES = {  # the traces the simulated figures replay, by name
+    "sharegpt": "ShareGPT-shaped (lognormal)",
+    "sharegpt-real": "ShareGPT (real lengths)",
+    "alpaca": "Alpaca-shaped (lognormal)",
+}
+
+
+def trace_for(name: str, num_requests: int, seed: int = 0, max_len: int = 2048) -> list[TraceRequest]:
+    """The trace ``name`` (a key of :data:`TRACES`), all arriving at step 0, prompt + output <= ``max_len``."""
+    if name == "sharegpt-real":
+        return sharegpt.real_trace(num_requests, seed, max_len)
+    if name not in SHAPES:
+        raise ValueError(f"unknown trace {name!r}: choose from {', '.join(TRACES)}")
+    return paper_trace(SHAPES[name], num_requests, seed, max_len)
 
 
 def _scale_means(trace: list[TraceRequest], shape: TraceShape, max_len: int) -> None:

