@@ -1,4 +1,5 @@
-"""Command line: ``python -m minipaged demo | chat | eval | serve | bench | animate | paper | course | slides | download``."""
+"""Command line: ``python -m minipaged demo | chat | eval | serve | bench | animate | paper | course | slides |
+download``."""
 
 from __future__ import annotations
 

@@ -246,12 +246,20 @@ def engine_args(args, layout: str) -> dict:
 
 
 class LocalServer:
-    """``python -m minipaged serve`` (``model``, else ``--copy-model``) on a free loopback port, for the length of a ``with``."""
+    """``python -m minipaged serve`` (``model``, else ``--copy-model``) on a free loopback port, for a ``with``."""
 
     def __init__(self, kwargs: dict, num_prompts: int, model: str | None = None, start_timeout: float = 180) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "minipaged", "serve", *([model] if model else ["--copy-model"]), "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "minipaged",
+            "serve",
+            *([model] if model else ["--copy-model"]),
+            "--port",
+            str(self.port),
+        ]
         for k, v in kwargs.items():
             flag = k.replace("_", "-")
             cmd += [f"--{flag}"] if v is True else [f"--no-{flag}"] if v is False else [f"--{flag}", str(v)]

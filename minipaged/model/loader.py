@@ -58,6 +58,15 @@ def load_model(
     return _assign(model, tensors, dtype, device), load_tokenizer(folder, cfg.eos_token_id)
 
 
+def load_gguf_tokenizer(name_or_path: str | Path) -> Tokenizer:
+    """Only the tokenizer (and chat template) of a GGUF file or a known model name: no tensor is read."""
+    path = hub.fetch(name_or_path) if str(name_or_path) in hub.KNOWN_FILES else Path(name_or_path)
+    reader = gguf_reader.open_gguf(path)
+    meta = gguf_reader.metadata(reader)
+    cfg = ModelConfig.from_dict(gguf_reader.config_dict(meta, {t.name for t in reader.tensors}))
+    return build_tokenizer(meta, cfg.eos_token_id)
+
+
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> tuple[DecoderModel, Tokenizer]:
     """A GGUF file: metadata and tensor shapes checked first, then every tensor dequantized."""
     reader = gguf_reader.open_gguf(path)

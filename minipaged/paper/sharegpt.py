@@ -38,11 +38,13 @@ from tqdm.auto import tqdm
 
 from minipaged.model import hub
 from minipaged.model.chat_template import ChatTemplate
+from minipaged.model.hub import DEFAULT_CHAT_MODEL
+from minipaged.model.loader import load_gguf_tokenizer
 from minipaged.model.tokenizer import HFTokenizer
 from minipaged.sim import TraceRequest
 
-# The real chat model (SmolLM2-135M-Instruct) as a Hugging Face folder: its tokenizer has the GGUF's ids.
-REAL_MODEL = Path("/tmp/smollm2-hf")
+# The real chat model (SmolLM2-135M-Instruct): its name, fetched into the cache on first use.
+REAL_MODEL = DEFAULT_CHAT_MODEL
 MIN_LEN, MAX_PROMPT_LEN, MAX_TOTAL_LEN = 4, 1024, 2048  # vLLM's is_valid_sequence defaults
 ROLES = {"human": "user", "user": "user", "system": "system", "gpt": "assistant", "chatgpt": "assistant"}
 ROLES |= {"bing": "assistant", "bard": "assistant"}
@@ -60,10 +62,9 @@ class LengthTokenizer(Protocol):
 
 def sharegpt_tokenizer() -> HFTokenizer:
     """The real chat model's tokenizer (SmolLM2-135M-Instruct), its chat template included."""
-    path = REAL_MODEL / "tokenizer.json"
-    if not path.exists():
-        raise FileNotFoundError(f"the real model's tokenizer is not at {path}: pass a tokenizer in instead")
-    return HFTokenizer(path, eos_token_id=2, chat_template=ChatTemplate.from_folder(REAL_MODEL))
+    tokenizer = load_gguf_tokenizer(REAL_MODEL)
+    assert isinstance(tokenizer, HFTokenizer)
+    return tokenizer
 
 
 @dataclass(frozen=True)
