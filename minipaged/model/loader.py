@@ -60,7 +60,8 @@ def load_model(
 
 def load_gguf_tokenizer(name_or_path: str | Path) -> Tokenizer:
     """Only the tokenizer (and chat template) of a GGUF file or a known model name: no tensor is read."""
-    path = hub.fetch(name_or_path) if str(name_or_path) in hub.KNOWN_FILES else Path(name_or_path)
+    name = str(name_or_path)
+    path = hub.fetch(name) if name in hub.KNOWN_FILES else Path(name)
     reader = gguf_reader.open_gguf(path)
     meta = gguf_reader.metadata(reader)
     cfg = ModelConfig.from_dict(gguf_reader.config_dict(meta, {t.name for t in reader.tensors}))
