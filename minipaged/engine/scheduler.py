@@ -188,17 +188,20 @@ class Scheduler:
         self.kv.mark_written()  # what the step published holds K/V now
         progressed: list[Sequence] = []
         beams: dict[BeamGroup, list[list[tuple[int, float]]]] = {}
-        for i, (row, seq) in enumerate(batch.samples):
-            if seq.beam is not None:
-                beams.setdefault(seq.beam, []).append(sampled.candidates[i])
-                continue
-            if seq.status is Status.WAITING:  # a sample forking from its parent's finished prompt
+        # Fork first, apply tokens after: a parent whose first token stops it is freed below, and
+        # a sibling forked after that would share an empty block table.
+        for row, seq in batch.samples:
+            if seq.beam is None and seq.status is Status.WAITING:  # forks from its parent's finished prompt
                 parent = batch.seqs[row]
                 parent.fork_pending = False
                 self.kv.fork(parent, seq)
                 seq.num_computed_tokens = parent.num_computed_tokens
                 seq.num_cached_tokens = parent.num_cached_tokens
                 self._start([seq])
+        for i, (row, seq) in enumerate(batch.samples):
+            if seq.beam is not None:
+                beams.setdefault(seq.beam, []).append(sampled.candidates[i])
+                continue
             seq.token_ids.append(sampled.token_ids[i])
             reason = self.stop.check(seq)
             if reason is not None:

@@ -180,3 +180,34 @@ def test_random_faults_leave_no_trace(tiny_model_dir, config):
         if rid not in aborted:
             got = tokens_of(llm, rid)
             assert got == [o.token_ids for o in solo.generate([prompt], params, use_tqdm=False)[0].outputs], rid
+
+
+def test_a_parent_that_stops_on_its_first_token_leaves_its_samples_their_blocks(tiny_model_dir):
+    """n = 3 with sample 0 stopping on its first token: its blocks are freed in the same
+    postprocess that forks its siblings, so they must fork before any token is applied (else a
+    sibling runs with the prompt's tokens counted as computed and an empty block table)."""
+    prompt = list(range(5, 21))  # 16 tokens: 4 blocks of 4
+    args = dict(num_kvcache_blocks=12, block_size=4, max_num_seqs=3, enable_prefix_caching=True, max_model_len=64)
+
+    def run(stop: list[int], seed: int) -> tuple[LLM, list[list[int]]]:
+        llm = LLM(tiny_model_dir, **args)
+        params = SamplingParams(temperature=1.0, seed=seed, n=3, max_tokens=6, stop_token_ids=stop)
+        llm.add_request(prompt, params)
+        while llm.has_unfinished_requests():
+            llm.step()
+            for q in llm.scheduler.running:
+                assert q.block_table.num_tokens == q.num_computed_tokens, q
+        return llm, [o.token_ids for o in llm._requests[0].output(None).outputs]
+
+    for seed in range(100):  # a seed where only sample 0 starts with its first token
+        _, free = run([], seed)
+        first = free[0][0]
+        if all(out[0] != first for out in free[1:]):
+            break
+    else:
+        pytest.fail("no seed in 0..99 gives sample 0 a first token of its own")
+    _, stopped = run([first], seed)
+    assert stopped[0] == [first] or stopped[0] == []
+    for alone, got in zip(free[1:], stopped[1:]):
+        cut = alone.index(first) if first in alone else len(alone)
+        assert got[: min(cut, len(got))] == alone[: min(cut, len(got))] and len(got) >= min(cut, 1)
