@@ -198,7 +198,7 @@ class Scheduler:
                 seq.num_computed_tokens = parent.num_computed_tokens
                 seq.num_cached_tokens = parent.num_cached_tokens
                 self._start([seq])
-        for i, (row, seq) in enumerate(batch.samples):
+        for i, (_, seq) in enumerate(batch.samples):
             if seq.beam is not None:
                 beams.setdefault(seq.beam, []).append(sampled.candidates[i])
                 continue
