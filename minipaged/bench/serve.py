@@ -1,8 +1,6 @@
 """Benchmark: the server under load, measured the way vLLM's serving benchmark measures it.
 
-``python -m minipaged bench serve [--base-url URL] [--dataset copy|sharegpt] [--num-prompts 256]
-[--request-rate inf] [--max-concurrency 64] [--kv-layout paged,contiguous] [--compare-offline]
-[--watch-projector]``
+``python -m minipaged bench serve --help`` lists the flags.
 
 Requests arrive as a Poisson process at ``--request-rate`` per second (``inf``: all at once),
 at most ``--max-concurrency`` in flight, each a real HTTP request streamed over server-sent
@@ -251,15 +249,8 @@ class LocalServer:
     def __init__(self, kwargs: dict, num_prompts: int, model: str | None = None, start_timeout: float = 180) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "minipaged",
-            "serve",
-            *([model] if model else ["--copy-model"]),
-            "--port",
-            str(self.port),
-        ]
+        which = [model] if model else ["--copy-model"]
+        cmd = [sys.executable, "-m", "minipaged", "serve", *which, "--port", str(self.port)]
         for k, v in kwargs.items():
             flag = k.replace("_", "-")
             cmd += [f"--{flag}"] if v is True else [f"--no-{flag}"] if v is False else [f"--{flag}", str(v)]
