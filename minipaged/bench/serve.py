@@ -1,8 +1,7 @@
 """Benchmark: the server under load, measured the way vLLM's serving benchmark measures it.
 
-``python -m minipaged bench serve --help`` lists the flags.
-
-Requests arrive as a Poisson process at ``--request-rate`` per second (``inf``: all at once),
+``python -m minipaged bench serve --help`` lists the flags. Requests arrive as a Poisson process at
+``--request-rate`` per second (``inf``: all at once),
 at most ``--max-concurrency`` in flight, each a real HTTP request streamed over server-sent
 events. Printed per server, as vLLM's ``benchmark_serving`` prints them: request throughput,
 output tokens/s, and TTFT (time to first token), TPOT (time per output token after the first)
@@ -13,8 +12,7 @@ the requests are plain OpenAI completions). Without it, the bench starts one min
 per ``--kv-layout`` on this machine with the same KV budget and engine settings, so paged and
 contiguous are compared side by side. ``--compare-offline`` also runs ``LLM.generate`` on the
 same requests in this process and prints the server's tokens/s as a share of it (the server's
-overhead) and whether the texts are identical. ``--watch-projector`` reads the projector's frame
-stream during the run and prints how many frames it got per second.
+overhead) and whether the texts are identical. ``--watch-projector`` counts projector frames.
 
 Two datasets, greedy. ``--dataset copy`` (the default): the embedded model's copy task (a shared
 preamble of ``--preamble-chars``, then a random text), ``--max-tokens`` each. ``--dataset
