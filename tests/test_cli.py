@@ -113,7 +113,7 @@ def test_bench_options_reach_the_bench(capsys):
 def test_demo_without_its_chat_model_still_checks_the_copy_model(tmp_path, capsys):
     code, out, _ = run_main(["demo", "--model", str(tmp_path / "absent"), "--num-prompts", "6"], capsys)
     assert code == 1
-    assert "No chats: FileNotFoundError: model folder" in out and "(pass --model FOLDER" in out
+    assert "No chats: FileNotFoundError: model " in out and "does not exist" in out and "(pass --model" in out
     assert "6/6 completions exact" in out
     assert "from the prefix cache" in out and "Paged allocates" in out
 
