@@ -94,9 +94,11 @@ def read_message(tty: bool) -> str | None:
         except EOFError:
             print()
             return None
-    line = sys.stdin.readline()
-    if not line:
-        return None
+    line = "\n"
+    while not line.strip():  # blank piped lines are skipped unseen
+        line = sys.stdin.readline()
+        if not line:
+            return None
     print(f"{USER}{line.rstrip()}", flush=True)
     return line
 

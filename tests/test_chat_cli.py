@@ -41,9 +41,12 @@ def test_a_model_that_cannot_chat_is_refused_at_the_start():
 @pytest.mark.slow
 def test_the_oldest_exchanges_go_when_the_conversation_outgrows_the_model(real_model):
     llm = LLM(real_model, enable_prefix_caching=True)
-    session = ChatSession(llm, SamplingParams(temperature=0, max_tokens=llm.max_model_len - 60), system="Be brief.")
+    alone = ChatSession(llm, SamplingParams(temperature=0), system="Be brief.").prompt_ids("What is a block?")
+    # room for the message alone and its answer, but not for an earlier exchange as well
+    session = ChatSession(llm, SamplingParams(temperature=0, max_tokens=llm.max_model_len - len(alone)), "Be brief.")
     session.history += [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"}]
     ids = session.prompt_ids("What is a block?")
+    assert ids == alone
     assert session.history == [{"role": "system", "content": "Be brief."}]  # the exchange went, the system stayed
     assert len(ids) + session.params.max_tokens <= llm.max_model_len
 
