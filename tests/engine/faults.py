@@ -3,7 +3,10 @@
 - :func:`fail_in_layer` makes the next forward raise in one attention layer, before or after
   that layer stored its K/V (so a layer may have written into the cache when the step fails);
 - :func:`fail_in_sampling` makes the next sampling raise, before or after the draws were made;
-- :func:`check_pool` checks the block pools against the sequences that hold blocks;
+- :func:`check_pool` checks the block pools against the sequences that hold blocks, and that
+  every running sequence's block table covers exactly its computed tokens;
+- :func:`watch_forks` checks every fork as it happens: the sample shares all of its parent's
+  blocks, and they cover the parent's computed tokens;
 - :func:`check_cached_kv` compares the K/V every running sequence holds in the cache with the
   K/V a no-cache forward of its tokens computes.
 """
@@ -79,6 +82,38 @@ def check_pool(llm: LLM) -> None:
             assert block.ref_cnt == counts.get(block.block_id, 0), f"block {block.block_id}: {block.ref_cnt} refs"
     for q in s.running:
         assert q.status is Status.RUNNING and q.block_table.num_tokens == q.num_computed_tokens, q
+
+
+class ForkWatch:
+    """Counts the forks of ``llm`` and checks each as it happens (see :func:`watch_forks`)."""
+
+    def __init__(self) -> None:
+        self.forks = 0
+
+
+def watch_forks(llm: LLM) -> ForkWatch:
+    """Wrap the paged KV manager's ``fork``: after it, the child's block table is the parent's
+    (same block ids, same token count), every shared block has one more reference, and the
+    table covers the parent's computed tokens, so a forked sample never starts without K/V."""
+    watch = ForkWatch()
+    kv = llm.kv_manager
+    if not isinstance(kv, PagedKVManager):
+        return watch
+    original = kv.fork
+
+    def fork(parent, child):
+        before = {b: kv.pool.blocks[b].ref_cnt for b in parent.block_table.block_ids}
+        original(parent, child)
+        table = parent.block_table
+        assert table.num_tokens == parent.num_computed_tokens > 0, f"forking from {parent} with no K/V"
+        assert child.block_table.block_ids == table.block_ids, (child, parent)
+        assert child.block_table.num_tokens == table.num_tokens, (child, parent)
+        for b, n in before.items():
+            assert kv.pool.blocks[b].ref_cnt == n + 1, f"block {b} not shared by the fork"
+        watch.forks += 1
+
+    kv.fork = fork
+    return watch
 
 
 class _Capture:

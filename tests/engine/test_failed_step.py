@@ -1,9 +1,11 @@
 """A failed step leaves no trace: whatever raises inside ``step()``, a later ``step()`` or
 ``abort_request()`` gives every request the tokens it would have had, and every block comes back.
 
-The three regression tests rebuild, on purpose, the three ways a failure used to corrupt the
-engine; the random test injects thousands of faults into random workloads and checks the pool,
-the cached K/V and every output after every step.
+The regression tests rebuild, on purpose, the ways a step used to corrupt the engine; the random
+tests inject thousands of faults into random workloads on fixed and on randomly drawn
+configurations (tight pools with prefix caching, n up to 4, both torch-side backends) and check
+every fork as it happens, the pools after every step, the cached K/V every few steps and every
+output at the end.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import random
 import zlib
 
 import pytest
-from faults import Boom, check_cached_kv, check_pool, fail_in_layer, fail_in_sampling
+from faults import Boom, check_cached_kv, check_pool, fail_in_layer, fail_in_sampling, watch_forks
 
 from minipaged import LLM, SamplingParams
 
@@ -107,11 +109,15 @@ def test_no_copy_on_write_is_replayed_from_a_block_that_changed(tiny_model_dir):
     assert llm.kv_manager.pool.num_free_blocks == 5
 
 
-def random_request(rng: random.Random, prefixes: list[list[int]]) -> tuple[list[int], SamplingParams]:
-    prompt = rng.choice(prefixes)[: rng.randint(0, 12)] + [rng.randrange(97) for _ in range(rng.randint(1, 10))]
-    if rng.random() < 0.5:
+def random_request(
+    rng: random.Random, prefixes: list[list[int]], longest: int, most_n: int
+) -> tuple[list[int], SamplingParams]:
+    """A prompt of up to ``longest`` tokens (often a shared prefix's start), greedy or n = 1..most_n."""
+    own = rng.randint(1, max(1, min(10, longest // 4)))
+    prompt = rng.choice(prefixes)[: rng.randint(0, longest - own)] + [rng.randrange(97) for _ in range(own)]
+    if rng.random() < 0.4:
         return prompt, SamplingParams(temperature=0, max_tokens=rng.randint(1, 8), ignore_eos=True)
-    n = rng.randint(1, 3)
+    n = rng.randint(1, most_n)
     return prompt, SamplingParams(
         temperature=1.0, top_k=20, seed=rng.randrange(1000), n=n, max_tokens=rng.randint(1, 8)
     )
@@ -126,36 +132,27 @@ def inject(llm: LLM, rng: random.Random, layers: int) -> None:
         fail_in_sampling(llm, after_draw=rng.random() < 0.5, exc=exc)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "config",
-    [
-        dict(num_kvcache_blocks=12, block_size=4),
-        dict(num_kvcache_blocks=14, block_size=4, enable_prefix_caching=True, max_num_batched_tokens=9),
-        dict(num_kvcache_blocks=10, block_size=3, preemption_mode="swap", swap_space=6 * 2 * 2 * 3 * 2 * 16 * 4),
-        dict(num_kvcache_blocks=16, block_size=5, enable_prefix_caching=True, preemption_mode="swap"),
-        dict(num_kvcache_blocks=24, block_size=4, kv_layout="contiguous", contiguous_reserve="oracle"),
-    ],
-)
-def test_random_faults_leave_no_trace(tiny_model_dir, config):
-    """Random workloads, a fault in about one step in four; retry or abort after each. Checked
-    after every step: the pools; every few steps: the cached K/V; at the end: every request
-    that was not aborted has the tokens it has when run alone."""
-    rng = random.Random(zlib.crc32(repr(sorted(config.items())).encode()))  # the same draw in every process
-    args = dict(max_model_len=64, max_num_seqs=6, **config)
-    llm = LLM(tiny_model_dir, **args)
+def episode(model, config: dict, seed: int, steps_wanted: int = 600, fault_rate: float = 0.25) -> dict:
+    """One random workload with faults; checked after every step (pools, forks), every few
+    steps (cached K/V) and at the end (each request that was not aborted against itself alone).
+    Returns what it exercised."""
+    rng = random.Random(seed)
+    args = dict(max_model_len=64, max_num_seqs=6) | config
+    llm = LLM(model, **args)
+    forks = watch_forks(llm)
     layers = llm.model.config.num_hidden_layers
-    prefixes = [[rng.randrange(97) for _ in range(12)] for _ in range(3)]
+    longest = min(args["max_model_len"], llm.num_blocks * llm.config.block_size) - 8  # room for max_tokens
+    prefixes = [[rng.randrange(97) for _ in range(longest)] for _ in range(3)]
     requests: dict[int, tuple[list[int], SamplingParams]] = {}
     aborted: set[int] = set()
     steps = faults = checked = 0
-    while steps < 600:
+    while steps < steps_wanted:
         if (rng.random() < 0.3 or not llm.has_unfinished_requests()) and len(requests) < 250:
-            prompt, params = random_request(rng, prefixes)
+            prompt, params = random_request(rng, prefixes, longest, min(4, args["max_num_seqs"]))
             requests[llm.add_request(prompt, params)] = (prompt, params)
         if not llm.has_unfinished_requests():
             break
-        if rng.random() < 0.25:
+        if rng.random() < fault_rate:
             inject(llm, rng, layers)
             with pytest.raises((Boom, KeyboardInterrupt)):
                 llm.step()
@@ -172,14 +169,70 @@ def test_random_faults_leave_no_trace(tiny_model_dir, config):
         if steps % 5 == 0:
             checked += check_cached_kv(llm)
     drain(llm)
-    assert steps == 600 and faults > 100 and checked > 500
     free = llm.kv_manager.pool.num_free_blocks if hasattr(llm.kv_manager, "pool") else None
     assert free in (None, llm.num_blocks)
-    solo = LLM(tiny_model_dir, **args)
+    solo = LLM(model, **args)
     for rid, (prompt, params) in requests.items():
         if rid not in aborted:
             got = tokens_of(llm, rid)
             assert got == [o.token_ids for o in solo.generate([prompt], params, use_tqdm=False)[0].outputs], rid
+    return dict(steps=steps, faults=faults, checked=checked, forks=forks.forks)
+
+
+TIGHT = dict(enable_prefix_caching=True, max_num_batched_tokens=2048)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(num_kvcache_blocks=12, block_size=4),
+        dict(num_kvcache_blocks=14, block_size=4, enable_prefix_caching=True, max_num_batched_tokens=9),
+        dict(num_kvcache_blocks=10, block_size=3, preemption_mode="swap", swap_space=6 * 2 * 2 * 3 * 2 * 16 * 4),
+        dict(num_kvcache_blocks=16, block_size=5, enable_prefix_caching=True, preemption_mode="swap"),
+        dict(num_kvcache_blocks=24, block_size=4, kv_layout="contiguous", contiguous_reserve="oracle"),
+        # the two tight prefix-caching pools where n > 1 used to fork a sample with no blocks
+        dict(TIGHT, num_kvcache_blocks=12, block_size=4, max_num_seqs=3, attention_backend="reference"),
+        dict(TIGHT, num_kvcache_blocks=7, block_size=16, max_num_seqs=8, attention_backend="torch"),
+    ],
+)
+def test_random_faults_leave_no_trace(tiny_model_dir, config):
+    """Random workloads, a fault in about one step in four; retry or abort after each."""
+    seed = zlib.crc32(repr(sorted(config.items())).encode())  # the same draw in every process
+    seen = episode(tiny_model_dir, config, seed)
+    assert seen["steps"] == 600 and seen["faults"] > 100 and seen["checked"] > 500, seen
+
+
+def random_config(rng: random.Random) -> dict:
+    """A configuration drawn so that tight pools, prefix caching and both torch-side backends
+    meet often: about half the draws are prefix caching on a pool of a few blocks."""
+    block_size = rng.choice([3, 4, 4, 8, 16])
+    tight = rng.random() < 0.6
+    slots = rng.randint(40, 70) if tight else rng.randint(80, 200)
+    config = dict(
+        num_kvcache_blocks=max(3, slots // block_size),
+        block_size=block_size,
+        max_num_seqs=rng.randint(2, 8),
+        max_num_batched_tokens=rng.choice([9, 17, 64, 2048, 2048]),
+        enable_prefix_caching=rng.random() < 0.7,
+        attention_backend=rng.choice(["reference", "torch"]),
+    )
+    config["max_model_len"] = min(64, config["num_kvcache_blocks"] * block_size)
+    if rng.random() < 0.25:
+        config |= dict(preemption_mode="swap", swap_space=4 * 2 * 2 * block_size * 2 * 16 * 4)
+    return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(24))
+def test_random_faults_on_random_configurations(tiny_model_dir, seed):
+    """Seeds the configuration too: 24 episodes of 300 steps, a fault in about one step in
+    three, n up to 4; every fork is checked as it happens, so a sample forked without its
+    parent's blocks fails at once, not tokens later."""
+    rng = random.Random(1000 + seed)
+    config = random_config(rng)
+    seen = episode(tiny_model_dir, config, rng.randrange(2**32), steps_wanted=300, fault_rate=0.33)
+    assert seen["faults"] > 30, (config, seen)
 
 
 def test_a_parent_that_stops_on_its_first_token_leaves_its_samples_their_blocks(tiny_model_dir):
