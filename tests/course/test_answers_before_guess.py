@@ -4,7 +4,9 @@ A notebook asks a learner to predict (a ``my_guess = None`` cell), then a cell c
 and ``reveal`` prints it. ``answers.json`` holds each answer, keyed by notebook and guess cell id,
 as the reveal cell computes it (``python scripts/course_answers.py`` writes them from a run of the
 notebooks). For every prediction, nothing above the guess — markdown (prose, headings), code
-comments, committed outputs, and the guess cell's own example — may contain the answer:
+comments, committed outputs, and the guess cell's own example — nor the committed outputs down
+to the reveal (its cell prints only the ask-for-a-guess line until a guess is set) may contain
+the answer:
 
 - its literal value, and each list or tuple inside it (``[7, 3]``), as written by ``repr``;
 - each number in it of two or more digits, or with a fraction (``66``, ``15.6``), standing alone;
@@ -87,11 +89,13 @@ def test_nothing_of_the_answer_above_its_guess(name, guess_id, entry):
     ids = [c.get("id") for c in nb.cells]
     assert guess_id in ids, f"{name}: no cell {guess_id}: re-run scripts/course_answers.py"
     guess = ids.index(guess_id)
+    # ... down to the cell that reveals it: what runs before the reveal must print nothing of it
+    last = next(i for i in range(guess + 1, len(nb.cells)) if "reveal(my_guess" in nb.cells[i].source)
     tells = set(entry.get("tells", []))
     if not entry.get("volatile"):  # a timing: its digits change from run to run
         tells |= literals(parse(entry["answer"]))
     found = []
-    for i, cell in enumerate(nb.cells[: guess + 1]):
+    for i, cell in enumerate(nb.cells[: last + 1]):
         for text in shown(cell):
             for phrase in entry.get("allow", []):
                 text = text.replace(phrase, "")
