@@ -11,6 +11,35 @@ from minipaged.model.hub import DEFAULT_CHAT_MODEL
 
 BENCHES = ("memory", "kernels", "engine", "prefix", "serve", "chat")
 
+# Libraries some commands import that the base install lacks, and the extra that brings each
+# (pyproject.toml's optional-dependencies): course and slides need the notebooks extra, the
+# server and `bench serve` the serve extra, `bench engine` and `bench chat` transformers, which
+# only the test extra lists.
+EXTRAS = {
+    "nbstripout": "notebooks",
+    "nbformat": "notebooks",
+    "nbconvert": "notebooks",
+    "nbclient": "notebooks",
+    "jupyter_server_mathjax": "notebooks",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "httpx": "serve",
+    "prometheus_client": "serve",
+    "transformers": "test",
+    "accelerate": "test",
+}
+
+
+# The library a bench needs, imported before it starts (a server, a model download) so that a
+# missing one is named at once; its --help works without it.
+BENCH_NEEDS = {"engine": "transformers", "chat": "transformers", "serve": "httpx"}
+
+
+def missing_extra(error: ModuleNotFoundError) -> str | None:
+    """``pip install -e ".[extra]"`` for a library an extra brings, or None for any other module."""
+    extra = EXTRAS.get((error.name or "").partition(".")[0])
+    return None if extra is None else f'pip install -e ".[{extra}]"'
+
 
 def evaluate(args: argparse.Namespace) -> None:
     """Accuracy of the embedded model through the batched engine (greedy)."""
@@ -118,6 +147,18 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("name", nargs="?", help="a known name, e.g. smollm2-135m-instruct (--list shows them)")
     w.add_argument("--list", action="store_true", help="list the known names, their sizes and whether cached")
     args = p.parse_args(argv)
+    try:
+        run(args)
+    except ModuleNotFoundError as e:
+        fix = missing_extra(e)
+        if fix is None:
+            raise
+        what = f"bench {args.which}" if args.cmd == "bench" else args.cmd
+        p.exit(2, f"{p.prog} {what}: its libraries are not installed ({e.name} is missing): {fix}\n")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the parsed subcommand (``serve`` is dispatched before parsing)."""
     if args.cmd == "demo":
         from minipaged.demo import main as demo
 
@@ -149,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "paper":
         importlib.import_module("minipaged.paper.cli").main(args)
     else:
+        if args.which in BENCH_NEEDS and not {"-h", "--help"} & set(args.options):
+            importlib.import_module(BENCH_NEEDS[args.which])
         importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
 
 

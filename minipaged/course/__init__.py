@@ -21,6 +21,6 @@ This is the top layer: the core never imports it.
 
 from __future__ import annotations
 
-from minipaged.course.predict import reveal
+from minipaged.course.predict import reveal, until_guessed
 
-__all__ = ["reveal"]
+__all__ = ["reveal", "until_guessed"]

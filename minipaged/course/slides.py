@@ -42,7 +42,8 @@ def mathjax_folder() -> Path:
     try:
         import jupyter_server_mathjax
     except ImportError as exc:
-        raise ImportError('slides need jupyter-server-mathjax: pip install -e ".[notebooks]"') from exc
+        msg = 'slides need jupyter-server-mathjax: pip install -e ".[notebooks]"'
+        raise ModuleNotFoundError(msg, name=exc.name) from exc
     return Path(jupyter_server_mathjax.__file__).resolve().parent / "static"
 
 

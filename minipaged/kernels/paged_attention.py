@@ -118,7 +118,7 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]  # Triton reads ann
     q_pos = context_len - q_len + tok  # absolute position of each row's query
     kv_end = tl.minimum(context_len, context_len - q_len + m0 + BLOCK_Q)  # last visible key + 1
 
-    # Finite initial max: a row that sees no key in a tile keeps exp2(-inf - m) = 0, never NaN.
+    # The running max starts at -1e30, not -inf (notebook 04's last prediction asks why).
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)

@@ -20,6 +20,18 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "i
 KIB, MIB = 1024, 1024**2  # the paper's "800 KB" is 800 KiB; its "1.6 GB" for 2,048 tokens is 1,600 MiB
 PAPER = {"opt13b_kb_per_token": 800, "opt13b_2048_tokens_gb": 1.6}
 
+# The paper's Table 1: an A100-40GB holding OPT-13B's 26 GB of weights keeps 12 GB for the KV
+# cache. Read as 12 x 10^9 bytes, at 819,200 bytes a token: 14,648 tokens, 915 whole blocks of 16.
+# (The table's "15.7K" slots read the same 12 GB as 12 GiB; seven 2,048-token reservations fit
+# either way.)
+A100_KV_BYTES = 12 * 10**9
+
+
+def token_slots(kv_bytes: int, bytes_per_token: int, block_size: int = 16) -> int:
+    """Token slots a KV budget holds, in whole blocks of ``block_size``."""
+    return kv_bytes // bytes_per_token // block_size * block_size
+
+
 # OPT-13B's config.json (facebook/opt-13b), the fields that size the KV cache.
 OPT_13B = dict(model_type="opt", hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, torch_dtype="float16")
 
@@ -58,3 +70,6 @@ def kv_bytes_table(configs: list[str] | None = None, quick: bool = False) -> Pap
             res.add(f"{name}, bytes per token", n, unit="B")
     res.notes.append("2 (K and V) x layers x KV heads x head_dim x bytes per number; no model is loaded")
     return res
+
+
+A100_KV_SLOTS = token_slots(A100_KV_BYTES, kv_bytes_per_token(OPT_13B))  # 14,640

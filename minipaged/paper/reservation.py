@@ -8,7 +8,7 @@ output, **Oracle** exactly prompt + output (it knows every output length in adva
 Here each system replays the same trace on the same KV memory, twice for ShareGPT: lognormal
 lengths with the paper's means, and the real file's lengths (:mod:`minipaged.paper.sharegpt`:
 the real model's tokens, vLLM's sampling and filter). The memory is
-what an A100-40GB has left beside OPT-13B's weights, 14,640 slots (12 GB at 800 KB a token;
+what an A100-40GB has left beside OPT-13B's weights, 14,640 slots (12 x 10^9 bytes at 819,200 bytes a token;
 seven 2,048-token reservations fit, as in the paper, where Orca (Max) batches 7.00 requests).
 Every request arrives at once, so there is always a queue and each system holds as many
 requests as its memory allows; figures are averaged over the steps with a queue waiting.
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from minipaged.paper.kv_bytes import A100_KV_SLOTS
 from minipaged.paper.report import PaperResult
 from minipaged.paper.workloads import SYSTEM_LABELS, TRACES, mean_lengths, trace_for
 from minipaged.sim import ContiguousReplay, PagedReplay, replay
 
-OPT13B_A100_SLOTS = 915 * 16  # 12 GB of KV at 819,200 bytes a token, in whole blocks of 16
+OPT13B_A100_SLOTS = A100_KV_SLOTS  # 12 GB (10^9 bytes) of KV at 819,200 bytes a token, in whole blocks of 16
 MAX_LEN = 2048  # OPT-13B's context: what Orca (Max) reserves
 SEEDS = (0, 1, 2)
 SYSTEMS = {  # our name -> (the paper's name, the replay's reservation rule; None = paged)

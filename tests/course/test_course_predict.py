@@ -40,3 +40,18 @@ def test_matches(guess, answer, tolerance, right):
 def test_verdict_says_guess_answer_and_outcome():
     assert verdict(4096, 1024) == "you predicted 4096; it is 1024: not quite: open the Why below."
     assert verdict((3, 7), (3, 7)) == "you predicted (3, 7); it is (3, 7): right."
+
+
+def test_until_guessed_holds_the_prints_back_without_a_guess(capsys):
+    from minipaged.course.predict import until_guessed
+
+    with until_guessed(None):
+        print("it is 8.3")
+    assert capsys.readouterr().out == ""
+    with until_guessed(8):
+        print("it is 8.3")
+    assert capsys.readouterr().out == "it is 8.3\n"
+    with pytest.raises(ZeroDivisionError), until_guessed(None):
+        print("before the error")
+        raise ZeroDivisionError
+    assert capsys.readouterr().out == "before the error\n"
