@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -168,7 +167,7 @@ async def _watch(client, base_url: str, headers: dict, seen: list[int]) -> None:
                 seen.append(json.loads(line[len("data: ") :])["step"])
 
 
-def summary(results: list[Result], duration: float) -> dict[str, float | str]:
+def summary(results: list[Result], duration: float) -> dict[str, object]:
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
@@ -176,7 +175,7 @@ def summary(results: list[Result], duration: float) -> dict[str, float | str]:
     ttft = ms([r.ttft for r in ok])
     tpot = ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1])
     itl = ms([gap for r in ok for gap in r.itl])
-    figures: dict[str, float | str] = {
+    figures: dict[str, object] = {
         "completed": len(ok),
         "failed": len(results) - len(ok),
         "duration": duration,
@@ -263,8 +262,7 @@ class LocalServer:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read() if self.proc.stderr is not None else ""  # PIPE: never None
-                raise RuntimeError(f"the server exited ({self.proc.returncode}): {err[-2000:]}")
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.proc.communicate()[1][-2000:]}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
@@ -381,7 +379,7 @@ def _bench(base_url: str, prompts: Work, args, headers: dict, title: str = "serv
 
     model = args.model or httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
     results, duration, frames = asyncio.run(run_load(base_url, model, prompts, args, headers, args.watch_projector))
-    figures: dict[str, Any] = summary(results, duration)
+    figures = summary(results, duration)
     figures["texts"] = [r.text for r in results]
     print_summary(title, figures)
     if frames is not None:
