@@ -282,7 +282,7 @@ def build(parts: dict[int, ModuleType], calls: Counter) -> LLM:
         pool = LearnerPool(parts[1].LifoPool(llm.num_blocks), llm.num_blocks, calls)
         # The learner's pool stands in for the BlockPool: the same methods, not a subclass.
         vars(kv)["pool"] = vars(kv.prefix_cache)["pool"] = pool
-        pool.on_evict = kv.prefix_cache._forget
+        pool.on_evict = kv.prefix_cache.evict
         fork = parts[1].fork
 
         def learner_fork(parent: Sequence, child: Sequence) -> None:

@@ -112,12 +112,12 @@ def run_minipaged(llm: LLM, prompts: Sequence[list[int]], new_tokens: int) -> En
     ids = [llm.add_request(p, params) for p in prompts]
     while llm.has_unfinished_requests():
         start = time.perf_counter()
-        batch, _ = llm._step_once()
+        batch, _ = llm.run_step()
         decodes = sum(1 for n in batch.q_lens if n == 1)
         run.steps.append((time.perf_counter() - start, decodes, sum(batch.q_lens) - decodes))
     run.seconds = sum(t for t, _, _ in run.steps)
     run.output_tokens = new_tokens * len(prompts)
-    run.tokens = [llm._output(i).outputs[0].token_ids for i in ids]
+    run.tokens = [llm.get_output(i).outputs[0].token_ids for i in ids]
     return run
 
 
@@ -204,13 +204,13 @@ def step_breakdown(llm: LLM, rows: int, steps: int) -> dict[str, float]:
     params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
     for p in chat_prompts(llm, rows):
         llm.add_request(p, params)
-    llm._step_once()  # the prefill
-    llm._step_once()  # one decode step untimed: the first one allocates
+    llm.run_step()  # the prefill
+    llm.run_step()  # one decode step untimed: the first one allocates
     with StepTimer(llm) as timer:
         for _ in range(steps):
-            llm._step_once()
+            llm.run_step()
     while llm.has_unfinished_requests():
-        llm._step_once()
+        llm.run_step()
     s = {k: v / steps for k, v in timer.seconds.items()}
     return {
         "step": s["total"],

@@ -120,7 +120,7 @@ def run_engine(llm: LLM, name: str, requests: Sequence[WorkItem], record: bool =
     with tqdm(total=len(requests), desc=name, leave=False) as bar:
         while llm.has_unfinished_requests():
             start = time.perf_counter()
-            batch, progressed = llm._step_once()
+            batch, progressed = llm.run_step()
             seconds = time.perf_counter() - start
             decodes = sum(1 for n in batch.q_lens if n == 1)
             run.steps.append((seconds, decodes, sum(batch.q_lens) - decodes))
@@ -130,7 +130,7 @@ def run_engine(llm: LLM, name: str, requests: Sequence[WorkItem], record: bool =
             bar.update(sum(s.finish_reason is not None for s in progressed))
     run.seconds = sum(t for t, _, _ in run.steps)
     run.output_tokens = sum(n for _, n in requests)
-    run.tokens = [llm._output(i).outputs[0].token_ids for i in ids]
+    run.tokens = [llm.get_output(i).outputs[0].token_ids for i in ids]
     run.preemptions = llm.kv_stats()["num_preemptions"] - preempted_before
     return run
 
@@ -287,7 +287,7 @@ def step_split(model, num_seqs: int, decode_steps: int) -> dict[str, float]:
     llm.step()  # the prefill of all of them
     with StepTimer(llm) as timer:
         for _ in range(decode_steps):
-            llm._step_once()
+            llm.run_step()
     return timer.shares()
 
 

@@ -42,7 +42,7 @@ class StepTimer:
         self._wrap(llm.model, "forward", "forward")
         self._wrap(llm.runner, "sample", "sample")
         self._wrap(llm.runner.attn, "attend", "attention")  # inside forward: not one of PHASES
-        self._wrap(llm, "_step_once", "total")
+        self._wrap(llm, "run_step", "total")
         return self
 
     def __exit__(self, *exc) -> None:

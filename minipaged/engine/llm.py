@@ -8,7 +8,9 @@ One step is three calls: the :class:`Scheduler` decides (``schedule`` -> a
 :class:`ScheduledBatch`), the :class:`ModelRunner` executes (``run`` -> the sampled tokens),
 and the scheduler applies the outcome (``postprocess``). For notebooks and servers there is a
 step-level API: :meth:`LLM.add_request`, :meth:`LLM.step` (returns a :class:`StepSnapshot`),
-:meth:`LLM.abort_request` and :meth:`LLM.kv_stats`; :meth:`LLM.beam_search` runs beam search;
+:meth:`LLM.abort_request` and :meth:`LLM.kv_stats`; benchmarks and the paper's runs drive it
+with :meth:`LLM.run_step` (the step without a snapshot), :meth:`LLM.get_output` and
+``LLM.step_hooks`` (called in every step once its K/V are written); :meth:`LLM.beam_search` runs beam search;
 :meth:`LLM.chat` renders conversations with the model's chat template and generates.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -85,6 +88,8 @@ class LLM:
         self._requests: dict[int, Request] = {}
         self._step = 0
         self.failed_request_ids: list[int] = []  # the requests of the last step that raised
+        # Called with each step's batch once its K/V are written (see Scheduler.step_hooks).
+        self.step_hooks: list[Callable[[ScheduledBatch], None]] = self.scheduler.step_hooks
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: inputs.Prompt, params: SamplingParams | None = None) -> int:
@@ -132,17 +137,20 @@ class LLM:
         had without the failure (``abort_request`` drops a request instead).
         ``failed_request_ids`` lists the requests that the failed step ran.
         """
-        batch, progressed = self._step_once()
+        batch, progressed = self.run_step()
         requests = sorted({s.request_id for s in progressed if self._requests[s.request_id].beam is None})
-        outputs = [self._output(r) for r in requests]
+        outputs = [self.get_output(r) for r in requests]
         s = self.scheduler
         swapped = [q for unit in s.swapped for q in unit]
         return take_snapshot(
             self._step, batch, outputs, s.running, list(s.waiting), swapped, self.kv_manager.pool_view()
         )
 
-    def _step_once(self) -> tuple[ScheduledBatch, list[Sequence]]:
-        """The three calls, with the rollback that makes a failed step leave no trace."""
+    def run_step(self) -> tuple[ScheduledBatch, list[Sequence]]:
+        """One step without its snapshot: the batch it ran and the sequences it moved on.
+
+        The three calls, with the rollback that makes a failed step leave no trace (see :meth:`step`).
+        """
         try:
             batch = self.scheduler.schedule()
             sampled = self.runner.run(batch)
@@ -153,7 +161,10 @@ class LLM:
         self._step += 1
         return batch, progressed
 
-    def _output(self, request_id: int) -> RequestOutput:
+    def get_output(self, request_id: int) -> RequestOutput:
+        """What request ``request_id`` has so far (finished or not)."""
+        if request_id not in self._requests:
+            raise ValueError(f"no request with id {request_id} was ever added")
         return self._requests[request_id].output(self.tokenizer)
 
     def kv_stats(self) -> dict:
@@ -185,7 +196,7 @@ class LLM:
         """
         prompt_list = inputs.as_prompt_list(prompts)
         ids = self._run_all(prompt_list, inputs.as_params_list(sampling_params, len(prompt_list)), use_tqdm)
-        return [self._output(r) for r in ids]
+        return [self.get_output(r) for r in ids]
 
     def chat(
         self,
@@ -240,7 +251,7 @@ class LLM:
         try:
             with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
                 while self.has_unfinished_requests():
-                    _, progressed = self._step_once()
+                    _, progressed = self.run_step()
                     bar.update(sum(self._done(r) for r in {s.request_id for s in progressed}))
         except BaseException:
             self.abort_request(ids)

@@ -25,6 +25,7 @@ replayed, and every seeded sample gets its random draw back.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from minipaged.engine.batch import SamplerOutput, ScheduledBatch
 from minipaged.engine.beam_search import BeamGroup
@@ -77,6 +78,11 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefill_tokens_computed = 0  # prompts, chunks and recomputation: every token but decodes
         self.num_prefix_hit_tokens = 0
+        # Called with each batch once its K/V are written and its tokens counted, before the
+        # sampled tokens are applied and finished sequences let go of their blocks: the memory
+        # a step holds at its fullest. What watches the engine (the paper's per-step figures)
+        # hooks in here (``LLM.step_hooks``), so the engine carries no recording code.
+        self.step_hooks: list[Callable[[ScheduledBatch], None]] = []
 
     def add(self, seqs: list[Sequence]) -> None:
         """Queue a request's sequences (only the first, if the others fork from it later)."""
@@ -185,6 +191,8 @@ class Scheduler:
                 self.num_prefill_tokens_computed += n
             seq.num_computed_tokens += n
         self.kv.mark_written()  # what the step published holds K/V now
+        for hook in self.step_hooks:
+            hook(batch)
         progressed: list[Sequence] = []
         beams: dict[BeamGroup, list[list[tuple[int, float]]]] = {}
         # Fork first, apply tokens after: a parent whose first token stops it is freed below, and

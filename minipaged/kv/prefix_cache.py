@@ -65,13 +65,13 @@ class PrefixCache:
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
-        pool.on_evict = self._forget
+        pool.on_evict = self.evict
         self.blocks: dict[int, KVCacheBlock] = {}
         self.entries: dict[int, CachedEntry] = {}  # block_id -> what the cached block holds
         self.num_evictions = 0
 
-    def _forget(self, block: KVCacheBlock) -> None:
-        """Called by the pool when allocation reuses a cached free block."""
+    def evict(self, block: KVCacheBlock) -> None:
+        """The pool reuses cached free ``block`` for something else: its prefix leaves the cache (``pool.on_evict``)."""
         self._remove(block)
         self.num_evictions += 1
 

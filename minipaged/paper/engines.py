@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minipaged import LLM, SamplingParams
 from minipaged.model.config import ModelConfig
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
 from minipaged.model.random_models import is_random_model, random_model_config
 from minipaged.paper.workloads import WorkItem
+
+if TYPE_CHECKING:
+    from minipaged.engine.batch import ScheduledBatch
 
 MODEL = "random:smollm2-135m"  # bandwidth-bound on a CPU, like a GPU's serving regime (docs/paper.md)
 BUDGET = dict(num_kvcache_blocks=64, block_size=16, max_model_len=512)
@@ -87,7 +89,7 @@ def serve_at_rate(llm: LLM, requests: list[WorkItem], rate: float, seed: int = 0
     return {
         "normalized_latency": sum(latencies) / len(latencies),
         "latencies": latencies,
-        "tokens": [llm._output(rid).outputs[0].token_ids for rid in arrived],
+        "tokens": [llm.get_output(rid).outputs[0].token_ids for rid in arrived],
         "seconds": clock,
         "busy_seconds": busy,
     }
@@ -112,7 +114,7 @@ def saturated_rate(llm: LLM, requests: list[WorkItem], window: int | None = None
     seconds, tokens, running, finished = 0.0, 0, [], {}
     while llm.scheduler.waiting and tokens < enough:
         start = time.perf_counter()
-        batch, progressed = llm._step_once()
+        batch, progressed = llm.run_step()
         seconds += time.perf_counter() - start
         tokens += len(batch.samples)
         running.append(len(llm.scheduler.running))
@@ -130,24 +132,20 @@ def saturated_rate(llm: LLM, requests: list[WorkItem], window: int | None = None
 class StepRecorder:
     """``with StepRecorder(llm) as rec: llm.generate(...)``: ``rec.stats`` holds ``kv_stats()`` after each step.
 
-    It wraps the KV manager's ``mark_written`` (called once per step, once the step's blocks are
-    written) for the duration of the block, so the engine carries no recording code.
+    It hooks into ``llm.step_hooks`` (called once per step, once the step's K/V are written) for the
+    duration of the block, so the engine carries no recording code.
     """
 
     def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self.stats: list[dict] = []
 
+    def record(self, batch: ScheduledBatch) -> None:
+        self.stats.append(self.llm.kv_stats())
+
     def __enter__(self) -> StepRecorder:
-        kv = self.llm.kv_manager
-        original: Callable[[], None] = kv.mark_written
-
-        def recorded() -> None:
-            original()
-            self.stats.append(self.llm.kv_stats())
-
-        vars(kv)["mark_written"] = recorded  # an instance attribute, hiding the class's method until __exit__
+        self.llm.step_hooks.append(self.record)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.llm.kv_manager.mark_written  # the instance attribute hid the class's method
+        self.llm.step_hooks.remove(self.record)

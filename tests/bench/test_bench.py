@@ -172,7 +172,7 @@ def test_step_timer_splits_a_step_and_puts_the_engine_back():
     llm.step()  # the prefills
     with StepTimer(llm) as timer:
         for _ in range(3):
-            llm._step_once()
+            llm.run_step()
     shares = timer.shares()
     assert list(shares) == [*PHASES, "other"]
     assert sum(shares.values()) == pytest.approx(1.0)
@@ -180,7 +180,7 @@ def test_step_timer_splits_a_step_and_puts_the_engine_back():
     assert shares["forward"] > shares["sample"]
     # the wrappers are gone: the engine runs its own methods again
     assert "schedule" not in vars(llm.scheduler) and "prepare" not in vars(llm.runner)
-    assert "forward" not in vars(llm.model) and "_step_once" not in vars(llm) and "sample" not in vars(llm.runner)
+    assert "forward" not in vars(llm.model) and "run_step" not in vars(llm) and "sample" not in vars(llm.runner)
 
 
 def test_step_split_at_running_decodes():

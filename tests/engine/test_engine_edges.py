@@ -196,7 +196,7 @@ def test_abort_request_frees_and_reports(llm):
     while llm.has_unfinished_requests():
         finished.update({o.request_id: o for o in llm.step().finished})
     assert list(finished) == [b]
-    assert llm._output(a).outputs[0].finish_reason == "abort"
+    assert llm.get_output(a).outputs[0].finish_reason == "abort"
     assert llm.kv_manager.pool.num_free_blocks == llm.num_blocks
     llm.abort_request(a)  # already finished: nothing to do
     with pytest.raises(ValueError, match="no request with id 12345"):

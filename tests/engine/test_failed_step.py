@@ -33,7 +33,7 @@ def drain(llm: LLM) -> None:
 
 
 def tokens_of(llm: LLM, rid: int) -> list[list[int]]:
-    return [o.token_ids for o in llm._output(rid).outputs]
+    return [o.token_ids for o in llm.get_output(rid).outputs]
 
 
 def test_interrupted_sampling_is_given_back():

@@ -64,7 +64,7 @@ def test_swapped_sequences_resume_before_waiting_ones(tiny_model_dir):
             assert not (any(s["request_id"] == c for s in snap.scheduled) and snap.swapped), "c ran before b came back"
         check_pool(llm)
     assert swapped_at is not None
-    assert all(o.finished for o in (llm._output(r) for r in (a, b, c)))
+    assert all(o.finished for o in (llm.get_output(r) for r in (a, b, c)))
 
 
 def test_reservation_policies():
@@ -86,7 +86,7 @@ def test_orca_baselines_keep_the_tokens_and_differ_in_memory(tiny_model_dir):
         ids = [llm.add_request(p, params) for p in prompts]
         while llm.has_unfinished_requests():
             running.append(len(llm.step().running))
-        assert tokens([llm._output(i) for i in ids]) == want, policy
+        assert tokens([llm.get_output(i) for i in ids]) == want, policy
         peaks[policy] = max(running)
     # 160 slots: Max fits 160 // 64 = 2 sequences, Pow2 (32 slots each) 5, Oracle (12-29) more
     assert peaks["max"] == 2 and peaks["max"] < peaks["pow2"] < peaks["oracle"]

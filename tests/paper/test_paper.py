@@ -106,7 +106,7 @@ def test_step_recorder_reads_every_step_and_leaves_the_engine_as_it_was():
         llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert len(rec.stats) == 5  # one prefill step, four decode steps
     assert [s["tokens_held"] for s in rec.stats] == [3, 4, 5, 6, 7]  # the last step's sequence finished after it
-    assert "mark_written" not in vars(llm.kv_manager)
+    assert llm.step_hooks == []
 
 
 def test_serving_at_a_rate_finishes_every_request_after_it_arrives():
