@@ -36,8 +36,8 @@ from unittest import mock
 
 import torch
 
+from exercises.launchers import paged_decode_attention as launch_decode
 from exercises.stage4_triton import store_kvcache as launch_store
-from exercises.stage7_capstone import paged_decode_attention as launch_decode
 from minipaged import LLM, SamplingParams
 from minipaged.attention import reference
 from minipaged.attention.backends import TorchBackend

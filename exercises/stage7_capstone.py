@@ -1,11 +1,13 @@
-"""Stage 7, the capstone (after notebook 04_triton_kernel): the paged decode attention kernel, in six puzzles.
+"""Stage 7, the capstone (after notebook 04_triton_kernel): paged attention kernels, in seven puzzles.
 
 Check: ``python -m exercises stage7`` (or ``capstone``). Write them without looking at
 ``minipaged/kernels/``. Each puzzle is a Triton kernel: replace its ``raise NotImplementedError``
 with the kernel's body; keep the names and signatures. Each kernel is the one before it plus one
-idea, so start each from your previous one. The launchers at the bottom of this file are given:
-read them, do not change them. The checks run your kernels in Triton's interpreter on CPU tensors
-(no GPU needed), so ``print(j, block)`` inside a kernel shows values, once per program.
+idea, so start each from your previous one. The launchers in ``exercises/launchers.py``
+are given: read them, do not change them; each runs a kernel you pass it
+(``block_scores(q, k_cache, 1, 0, kernel=block_scores_kernel)``). The checks run your kernels in
+Triton's interpreter on CPU tensors (no GPU needed), so ``print(j, block)`` inside a kernel
+shows values, once per program.
 
 1. ``block_scores_kernel``: the scores of one query against one block of keys;
 2. ``tail_attention_kernel``: attention over a block that is only partly filled (mask the tail);
@@ -13,8 +15,9 @@ read them, do not change them. The checks run your kernels in Triton's interpret
 4. ``paged_attention_kernel``: the same walk, each block found through the block table;
 5. ``gqa_attention_kernel``: every query head, each reading its KV head (grouped-query attention);
 6. ``paged_decode_kernel``: the whole decode kernel, a batch of sequences; its launcher
-   :func:`paged_decode_attention` has the signature of ``minipaged.kernels.paged_decode_attention``,
-   so the engine can run your kernel as its decode attention.
+   ``paged_decode_attention`` has the signature of ``minipaged.kernels.paged_decode_attention``,
+   so the engine can run your kernel as its decode attention;
+7. ``paged_prefill_kernel``: prefill, many new tokens of one sequence at once: the causal mask.
 
 What they all share:
 
@@ -40,15 +43,8 @@ What they all share:
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
 import triton
 import triton.language as tl
-from torch import Tensor
-
-from minipaged.kernels._checks import check_decode
-from minipaged.kernels.interpreter import interpreting, launch
 
 
 @triton.jit
@@ -242,195 +238,42 @@ def paged_decode_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotat
     block table, read and write its rows of q and out. Store in out's dtype:
     ``.to(out.dtype.element_ty)``.
 
-    Then :func:`paged_decode_attention` runs it with the engine's signature, and
-    ``minipaged.attention.reference.paged_decode_attention`` is what the checks compare it with.
+    Then :func:`~exercises.launchers.paged_decode_attention` runs it with the engine's
+    signature, and ``minipaged.attention.reference.paged_decode_attention`` is what the checks
+    compare it with.
     """
     raise NotImplementedError
 
 
-# ---------------------------------------------------------------------------------------------
-# The launchers (given, do not change): check the arguments, size the grid and the tiles, launch.
+@triton.jit
+def paged_prefill_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
+    q,
+    k_cache,
+    v_cache,
+    out,
+    block_table,
+    context_len,
+    q_len,
+    scale,
+    num_heads,
+    group,
+    block_size,
+    num_kv_heads,
+    head_dim,
+    BLOCK: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    """Puzzle 7, prefill: ``q_len`` new tokens of one sequence attend to its context, causally.
 
+    Grid ``(q_len, num_heads)``: program ``(i, h)`` is query head ``h`` of new token ``i``. The
+    sequence has ``context_len`` tokens in the cache, the ``q_len`` new ones last: new token
+    ``i`` sits at position ``pos = context_len - q_len + i``. ``context_len > q_len`` when the
+    first tokens were computed earlier (an earlier chunk of a chunked prefill, or a prefix-cache
+    hit). q, out: contiguous ``[q_len, num_heads, head_dim]``, out in q's dtype; block_table:
+    int32 ``[max_blocks]``, one sequence.
 
-def _tiles(k_cache: torch.Tensor) -> dict:
-    """The kernels' sizes: ``block_size, num_kv_heads, head_dim`` and their power-of-two tiles."""
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    return dict(
-        block_size=block_size,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        BLOCK=triton.next_power_of_2(block_size),
-        HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-    )
-
-
-Kernel = Any  # a @triton.jit function (Triton ships no types)
-Shape = tuple[int, ...] | torch.Size
-_OUT = object()  # marks where ``out`` goes among a kernel's arguments
-
-
-def _run(
-    kernel: Kernel, grid: tuple[int, ...], out_shape: Shape, out_dtype: torch.dtype, *args: object, k_cache: Tensor
-) -> Tensor:
-    """Allocate ``out`` with a guard row after it, pass it where ``_OUT`` stands in ``args``, launch
-    ``kernel`` with the cache's sizes, and (interpreted) say so if the kernel wrote into the guard."""
-    sizes = _tiles(k_cache)
-    numel = int(torch.Size(out_shape).numel())
-    guard = max(sizes["BLOCK"], sizes["HEAD_DIM_PAD"])  # the farthest an unmasked lane reaches
-    buffer = torch.full((numel + guard,), float("nan"), dtype=out_dtype, device=k_cache.device)
-    out = buffer[:numel].view(out_shape)
-    launch(kernel, grid, k_cache.device, *[out if a is _OUT else a for a in args], **sizes)
-    if interpreting(k_cache.device) and not bool(buffer[numel:].isnan().all()):
-        raise RuntimeError(
-            f"{kernel.__name__} stored past the end of out: mask every store "
-            "(the lanes d >= head_dim and t >= block_size are not part of out)"
-        )
-    return out
-
-
-def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_head: int | None = None) -> None:
-    if (
-        k_cache.dim() != 4
-        or k_cache.shape != v_cache.shape
-        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-    ):
-        raise ValueError(
-            "k_cache and v_cache must be contiguous [num_blocks, block_size, num_kv_heads, head_dim], "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    if q.shape[-1] != k_cache.shape[3]:
-        raise ValueError(f"q has head_dim {q.shape[-1]}, the cache {k_cache.shape[3]}")
-    if kv_head is not None and not 0 <= kv_head < k_cache.shape[2]:
-        raise ValueError(f"kv_head must be in [0, {k_cache.shape[2]}), got {kv_head}")
-
-
-def _scale(scale: float | None, head_dim: int) -> float:
-    return head_dim**-0.5 if scale is None else float(scale)
-
-
-def _one_sequence(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, context_len: int) -> None:
-    """A puzzle on one sequence is a decode of a batch of one: the package's decode checks apply."""
-    lens = torch.tensor([context_len], dtype=torch.int32, device=q.device)
-    heads = q.reshape(1, -1, q.shape[-1])
-    if heads.shape[1] == 1:  # puzzles 3-4 take one query head: checked as one per KV head
-        heads = heads.expand(1, k_cache.shape[2], q.shape[-1])
-    check_decode(heads, k_cache, v_cache, block_table[None], lens)
-
-
-def block_scores(
-    q: Tensor,
-    k_cache: Tensor,
-    block_id: int,
-    kv_head: int,
-    scale: float | None = None,
-    *,
-    kernel: Kernel = block_scores_kernel,
-) -> Tensor:
-    """Puzzle 1: q ``[head_dim]`` against block ``block_id`` of k_cache -> fp32 ``[block_size]`` scores."""
-    _check_caches(q, k_cache, k_cache, kv_head)
-    if q.dim() != 1 or not 0 <= block_id < k_cache.shape[0]:
-        raise ValueError(f"q must be [head_dim] and block_id in [0, {k_cache.shape[0]}): {tuple(q.shape)}, {block_id}")
-    args = (q, k_cache, _OUT, block_id, kv_head, _scale(scale, q.shape[0]))
-    return _run(kernel, (1,), (k_cache.shape[1],), torch.float32, *args, k_cache=k_cache)
-
-
-def tail_attention(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_id: int,
-    n: int,
-    kv_head: int,
-    scale: float | None = None,
-    *,
-    kernel: Kernel = tail_attention_kernel,
-) -> Tensor:
-    """Puzzle 2: q ``[head_dim]`` attends to slots ``0 .. n - 1`` of block ``block_id`` -> fp32 ``[head_dim]``."""
-    _check_caches(q, k_cache, v_cache, kv_head)
-    if q.dim() != 1 or not 0 <= block_id < k_cache.shape[0] or not 1 <= n <= k_cache.shape[1]:
-        raise ValueError(f"want q [head_dim], block_id < {k_cache.shape[0]}, 1 <= n <= block_size; got {block_id}, {n}")
-    args = (q, k_cache, v_cache, _OUT, block_id, n, kv_head, _scale(scale, q.shape[0]))
-    return _run(kernel, (1,), q.shape, torch.float32, *args, k_cache=k_cache)
-
-
-def online_attention(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    context_len: int,
-    kv_head: int,
-    scale: float | None = None,
-    *,
-    kernel: Kernel = online_attention_kernel,
-) -> Tensor:
-    """Puzzle 3: q ``[head_dim]`` attends to ``context_len`` tokens kept in blocks 0, 1, ... -> fp32 ``[head_dim]``."""
-    _check_caches(q, k_cache, v_cache, kv_head)
-    in_order = torch.arange(k_cache.shape[0], dtype=torch.int32, device=q.device)
-    _one_sequence(q, k_cache, v_cache, in_order, context_len)
-    args = (q, k_cache, v_cache, _OUT, context_len, kv_head, _scale(scale, q.shape[0]))
-    return _run(kernel, (1,), q.shape, torch.float32, *args, k_cache=k_cache)
-
-
-def paged_attention(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_table: Tensor,
-    context_len: int,
-    kv_head: int,
-    scale: float | None = None,
-    *,
-    kernel: Kernel = paged_attention_kernel,
-) -> Tensor:
-    """Puzzle 4: q ``[head_dim]`` attends to one sequence through its int32 ``block_table`` -> fp32 ``[head_dim]``."""
-    _check_caches(q, k_cache, v_cache, kv_head)
-    _one_sequence(q, k_cache, v_cache, block_table, context_len)
-    args = (q, k_cache, v_cache, _OUT, block_table, context_len, kv_head, _scale(scale, q.shape[0]))
-    return _run(kernel, (1,), q.shape, torch.float32, *args, k_cache=k_cache)
-
-
-def gqa_attention(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_table: Tensor,
-    context_len: int,
-    scale: float | None = None,
-    *,
-    kernel: Kernel = gqa_attention_kernel,
-) -> Tensor:
-    """Puzzle 5: q ``[num_heads, head_dim]``, one sequence -> fp32 ``[num_heads, head_dim]``."""
-    _check_caches(q, k_cache, v_cache)
-    _one_sequence(q, k_cache, v_cache, block_table, context_len)
-    q = q.contiguous()
-    group = q.shape[0] // k_cache.shape[2]
-    args = (q, k_cache, v_cache, _OUT, block_table, context_len, group, _scale(scale, q.shape[1]))
-    return _run(kernel, (q.shape[0],), q.shape, torch.float32, *args, k_cache=k_cache)
-
-
-def paged_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float | None = None,
-    *,
-    kernel: Kernel = paged_decode_kernel,
-) -> torch.Tensor:
-    """Puzzle 6 at work: one new query token per sequence. q: [num_seqs, num_heads, head_dim] -> same shape, q's dtype.
-
-    k_cache, v_cache: contiguous [num_blocks, block_size, num_kv_heads, head_dim]; block_tables:
-    int32 [num_seqs, max_blocks]; context_lens: int32 [num_seqs] (>= 1, the new token included).
-    The signature of ``minipaged.kernels.paged_decode_attention``.
+    To do: puzzle 6 with the **causal mask**: token ``i`` sees positions ``0 .. pos`` only, not
+    the new tokens after it. Its walk stops at block ``pos // block_size``, and a slot of that
+    last block counts only if its position is ``<= pos``. Decode is the case ``q_len = 1``.
     """
-    check_decode(q, k_cache, v_cache, block_tables, context_lens)
-    _check_caches(q, k_cache, v_cache)
-    num_seqs, num_heads, head_dim = q.shape
-    if num_seqs == 0:
-        return torch.empty_like(q)
-    q, block_tables = q.contiguous(), block_tables.contiguous()
-    group = num_heads // k_cache.shape[2]
-    args: tuple[object, ...] = (q, k_cache, v_cache, _OUT, block_tables, context_lens, _scale(scale, head_dim))
-    args += (block_tables.shape[1], num_heads, group)
-    return _run(kernel, (num_seqs, num_heads), q.shape, q.dtype, *args, k_cache=k_cache)
+    raise NotImplementedError

@@ -1,6 +1,6 @@
-"""Stage 7, the capstone: the paged decode attention kernel in six Triton puzzles, each against the oracle.
+"""Stage 7, the capstone: paged attention kernels in seven Triton puzzles, each against the oracle.
 
-Every puzzle runs in Triton's interpreter through the launchers of ``exercises/stage7_capstone.py``
+Every puzzle runs in Triton's interpreter through the launchers of ``exercises/launchers.py``
 and is compared with ``minipaged.attention.reference`` on random caches whose first and last
 blocks are NaN guards (an unmasked read past the cache shows as NaN). The slots past a
 sequence's context hold other random numbers, so a tail that is not masked changes the answer.
@@ -25,14 +25,16 @@ from stage7_walk import (
     table_of,
 )  # tests/exercises/stage7_walk.py
 
-from exercises.stage7_capstone import (
+from exercises.launchers import (
     block_scores,
     gqa_attention,
     online_attention,
     paged_attention,
     paged_decode_attention,
+    paged_prefill_attention,
     tail_attention,
 )
+from minipaged.attention.reference import causal_attention, gather_kv
 from minipaged.attention.reference import paged_decode_attention as reference_decode
 from minipaged.utils import cdiv
 
@@ -279,3 +281,58 @@ def test_paged_decode_kernel_against_reference(ex, case):
     raise AssertionError(
         differs(f"{what}: differs from paged_decode_attention's {dtype} output", want[s, h], got[s, h])
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Puzzle 7: prefill, the causal mask
+
+# (block_size, num_heads, num_kv_heads, head_dim, context_len, q_len, dtype): q_len == context_len
+# is a prompt from position 0; q_len < context_len a later chunk, or a prompt after a prefix hit.
+PREFILL_CASES = [
+    (1, 2, 2, 4, 5, 5, torch.float32),
+    (3, 4, 2, 5, 11, 11, torch.float32),
+    (4, 4, 2, 8, 13, 6, torch.float32),  # starts mid-block: position 7 of block 1
+    (16, 2, 1, 6, 40, 1, torch.float32),  # one token: the decode case
+    (3, 8, 2, 16, 9, 4, torch.bfloat16),
+]
+
+
+def prefill_case(block_size, num_heads, num_kv_heads, head_dim, context_len, q_len, dtype):
+    num_blocks = cdiv(context_len, block_size) + 3
+    table = table_of(num_blocks, cdiv(context_len, block_size), cdiv(context_len, block_size) + 1, seed=context_len)
+    k_cache, v_cache = caches(num_blocks, block_size, num_kv_heads, head_dim, dtype, seed=block_size)
+    q = randn(q_len, num_heads, head_dim, seed=q_len, dtype=dtype)
+    return q, k_cache, v_cache, table
+
+
+@pytest.mark.exercise("paged_prefill_kernel")
+@pytest.mark.parametrize(
+    "case", PREFILL_CASES, ids=[f"bs{c[0]}-{c[1]}q{c[2]}kv-ctx{c[4]}-new{c[5]}-{str(c[6])[6:]}" for c in PREFILL_CASES]
+)
+def test_paged_prefill_kernel_against_reference(ex, case):
+    block_size, num_heads, num_kv_heads, head_dim, context_len, q_len, dtype = case
+    q, k_cache, v_cache, table = prefill_case(*case)
+    got = paged_prefill_attention(q, k_cache, v_cache, table, context_len, kernel=ex.paged_prefill_kernel)
+    k, v = gather_kv(k_cache, table, context_len), gather_kv(v_cache, table, context_len)
+    want = causal_attention(q, k, v)
+    assert got.dtype == dtype, f"out must be in q's dtype {dtype}, got {got.dtype}"
+    wrong = (~close(got, want)).any(dim=2).nonzero().tolist()  # programs (token, head)
+    if not wrong:
+        return
+    i, h = wrong[0]
+    group, start = num_heads // num_kv_heads, context_len - q_len
+    token = q[i, h]
+
+    def seen(n: int) -> torch.Tensor:  # token i's head h attending to the first n positions
+        return attend(token, k_cache, v_cache, table, n, h // group)
+
+    likely = [("no causal mask: every new token sees the whole context", seen(context_len))]
+    if start:
+        likely.append((f"the mask at position i = {i}, not context_len - q_len + i = {start + i}", seen(i + 1)))
+    likely.append(("a mask that hides the token's own position", seen(start + i)) if start + i else ("", want[i, h]))
+    what = (
+        f"context_len {context_len}, q_len {q_len} (new tokens at positions {start}..{context_len - 1}), "
+        f"{num_heads} query heads on {num_kv_heads} KV heads, block_size {block_size}, {str(dtype)[6:]}: "
+        f"{len(wrong)} of {q_len * num_heads} programs (token, head) differ; program {(i, h)}"
+    )
+    raise AssertionError(differs(what, want[i, h], got[i, h], likely=[x for x in likely if x[0]]))

@@ -80,6 +80,19 @@ BUGS = {
         [("context_len = tl.load(context_lens + seq)", "context_len = tl.load(context_lens)")],
         ["program (1, 0)", "hint: that is sequence 0's context_len"],
     ),
+    "prefill-no-causal-mask": (
+        "paged_prefill_kernel",
+        [
+            ("for j in range(0, pos // block_size + 1):", "for j in range(0, tl.cdiv(context_len, block_size)):"),
+            ("(j * block_size + t <= pos)", "(j * block_size + t < context_len)"),
+        ],
+        ["hint: that is no causal mask: every new token sees the whole context"],
+    ),
+    "prefill-mask-without-offset": (
+        "paged_prefill_kernel",
+        [("pos = context_len - q_len + i", "pos = i")],
+        ["new tokens at positions 7..12", "hint: that is the mask at position i = 0, not context_len - q_len + i = 7"],
+    ),
 }
 
 

@@ -240,3 +240,51 @@ def paged_decode_kernel(
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m_i = m_new
     tl.store(out + row + d, (acc / l_i).to(out.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def paged_prefill_kernel(
+    q,
+    k_cache,
+    v_cache,
+    out,
+    block_table,
+    context_len,
+    q_len,
+    scale,
+    num_heads,
+    group,
+    block_size,
+    num_kv_heads,
+    head_dim,
+    BLOCK: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    """Program ``(i, h)``: query head ``h`` of new token ``i``, at position ``context_len - q_len + i``."""
+    i = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // group
+    pos = context_len - q_len + i
+    row = (i.to(tl.int64) * num_heads + head) * head_dim  # q and out: [q_len, num_heads, head_dim]
+    t = tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = d < head_dim
+    qv = tl.load(q + row + d, mask=d_ok, other=0.0).to(tl.float32)
+    m_i = -1.0e30
+    l_i = 0.0
+    acc = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
+    for j in range(0, pos // block_size + 1):  # the causal mask: no block past the token's own
+        block = tl.load(block_table + j)
+        t_ok = (t < block_size) & (j * block_size + t <= pos)  # and no slot past it in that block
+        rows = ((block.to(tl.int64) * block_size + t) * num_kv_heads + kv_head) * head_dim
+        mask = t_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_cache + rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = tl.where(t_ok, tl.sum(k * qv[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        v = tl.load(v_cache + rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+    tl.store(out + row + d, (acc / l_i).to(out.dtype.element_ty), mask=d_ok)
