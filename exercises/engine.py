@@ -28,8 +28,10 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, MutableSequence
+from collections.abc import Sequence as SequenceOf  # Sequence is the engine's
 from types import ModuleType
+from typing import Protocol
 from unittest import mock
 
 import torch
@@ -39,9 +41,11 @@ from exercises.stage7_capstone import paged_decode_attention as launch_decode
 from minipaged import LLM, SamplingParams
 from minipaged.attention import reference
 from minipaged.attention.backends import TorchBackend
+from minipaged.attention.batched import BatchPlan
 from minipaged.attention.metadata import PagedMetadata
 from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.config import block_nbytes
+from minipaged.engine.kv_manager import PagedKVManager
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence, Status
 from minipaged.kv import slot_mapping as package_slots
@@ -75,16 +79,27 @@ def workload(num_prompts: int = 4, seed: int = 0) -> tuple[list[str], SamplingPa
     return prompts, SamplingParams(temperature=0, max_tokens=24)
 
 
+class Stage1Pool(Protocol):
+    """What the engine reads of your stage 1 pool (``TinyPool``'s names)."""
+
+    free_list: MutableSequence[int]
+    ref_cnt: list[int]
+
+    def allocate(self, n: int) -> list[int]: ...
+    def free(self, ids: list[int]) -> None: ...
+    def share(self, block_id: int) -> None: ...
+
+
 class _BlockView(KVCacheBlock):
     """A block of a learner's pool as the engine reads it: ``ref_cnt`` is the learner's count."""
 
-    def __init__(self, pool: object, block_id: int) -> None:
+    def __init__(self, pool: Stage1Pool, block_id: int) -> None:
         super().__init__(block_id)
         self._pool = pool
 
-    @property  # type: ignore[override]
+    @property
     def ref_cnt(self) -> int:
-        return self._pool.ref_cnt[self.block_id]  # type: ignore[attr-defined]
+        return self._pool.ref_cnt[self.block_id]
 
     @ref_cnt.setter
     def ref_cnt(self, value: int) -> None:
@@ -96,14 +111,14 @@ class LearnerPool:
     cached free block is revived by taking it out of your free list, and evicted when your
     ``allocate`` hands it out again)."""
 
-    def __init__(self, pool: object, num_blocks: int, calls: Counter) -> None:
+    def __init__(self, pool: Stage1Pool, num_blocks: int, calls: Counter) -> None:
         self.pool, self.calls, self.num_blocks = pool, calls, num_blocks
         self.blocks = [_BlockView(pool, i) for i in range(num_blocks)]
-        self.on_evict = None
+        self.on_evict: Callable[[KVCacheBlock], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.pool.free_list)  # type: ignore[attr-defined]
+        return len(self.pool.free_list)
 
     @property
     def num_used_blocks(self) -> int:
@@ -111,7 +126,7 @@ class LearnerPool:
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
         self.calls[1] += 1
-        blocks = [self.blocks[i] for i in self.pool.allocate(n)]  # type: ignore[attr-defined]
+        blocks: list[KVCacheBlock] = [self.blocks[i] for i in self.pool.allocate(n)]
         for block in blocks:
             if block.block_hash is not None:
                 if self.on_evict is not None:
@@ -121,15 +136,15 @@ class LearnerPool:
 
     def free(self, blocks: list) -> None:
         self.calls[1] += 1
-        self.pool.free([b.block_id if isinstance(b, KVCacheBlock) else b for b in blocks])  # type: ignore[attr-defined]
+        self.pool.free([b.block_id if isinstance(b, KVCacheBlock) else b for b in blocks])
 
     def share(self, block: KVCacheBlock | int) -> None:
-        self.pool.share(block.block_id if isinstance(block, KVCacheBlock) else block)  # type: ignore[attr-defined]
+        self.pool.share(block.block_id if isinstance(block, KVCacheBlock) else block)
 
     def touch(self, block: KVCacheBlock) -> None:
-        if self.pool.ref_cnt[block.block_id] == 0:  # type: ignore[attr-defined]
-            self.pool.free_list.remove(block.block_id)  # type: ignore[attr-defined]
-        self.pool.ref_cnt[block.block_id] += 1  # type: ignore[attr-defined]
+        if self.pool.ref_cnt[block.block_id] == 0:
+            self.pool.free_list.remove(block.block_id)
+        self.pool.ref_cnt[block.block_id] += 1
 
 
 class LearnerBackend(TorchBackend):
@@ -143,21 +158,27 @@ class LearnerBackend(TorchBackend):
         self.gather_stage = 2 if 2 in parts else 3 if 3 in parts else None
         self.gather = {2: "gather", 3: "gather_sequence_kv"}.get(self.gather_stage or 0)
 
-    def store_kvcache(self, key, value, k_cache, v_cache, slots) -> None:  # type: ignore[override]
+    def store_kvcache(
+        self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    ) -> None:
         if 4 not in self.parts:
             return super().store_kvcache(key, value, k_cache, v_cache, slots)
         self.calls[4] += 1
         kernel = self.parts[4].store_kvcache_kernel  # your kernel, through the given launcher
         launch_store(key.contiguous(), value.contiguous(), k_cache, v_cache, slots, kernel=kernel)
 
-    def decode(self, q, k_cache, v_cache, meta: PagedMetadata, plan) -> torch.Tensor:  # type: ignore[override]
+    def decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: BatchPlan
+    ) -> torch.Tensor:
         if 7 not in self.parts:
             return super().decode(q, k_cache, v_cache, meta, plan)
         self.calls[7] += 1
         kernel = self.parts[7].paged_decode_kernel
         return launch_decode(q.contiguous(), k_cache, v_cache, meta.block_tables, meta.context_lens, kernel=kernel)
 
-    def prefill(self, q, k_cache, v_cache, meta: PagedMetadata, plan) -> torch.Tensor:  # type: ignore[override]
+    def prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: BatchPlan
+    ) -> torch.Tensor:
         if self.gather_stage is None or self.gather is None:
             return super().prefill(q, k_cache, v_cache, meta, plan)
         self.calls[self.gather_stage] += 1
@@ -188,7 +209,8 @@ class LearnerScheduler(Scheduler):
         def record(s: Sequence) -> object:
             return self.learner.Seq(f"R{s.seq_id}", len(s), s.num_computed_tokens, len(s.block_table.block_ids))
 
-        free = self.kv.pool.num_free_blocks  # type: ignore[attr-defined]
+        assert isinstance(self.kv, PagedKVManager)  # build() makes a paged engine
+        free = self.kv.pool.num_free_blocks
         step = self.learner.schedule(
             [record(s) for s in self.waiting], [record(s) for s in self.running], free,
             self.kv.table_block_size, self.max_num_seqs, self.max_num_batched_tokens,
@@ -215,7 +237,13 @@ def plugged(parts: dict[int, ModuleType], calls: Counter) -> Iterator[None]:
         if 3 in parts:
             learner = parts[3]
 
-            def slots(tables, starts, ends, block_size, device="cpu"):  # type: ignore[no-untyped-def]
+            def slots(
+                tables: SequenceOf[SequenceOf[int]],
+                starts: SequenceOf[int],
+                ends: SequenceOf[int],
+                block_size: int,
+                device: torch.device | str = "cpu",
+            ) -> torch.Tensor:
                 if all(e - s == 1 for s, e in zip(starts, ends)):
                     calls[3] += 1
                     return learner.decode_slot_mapping([list(t) for t in tables], list(ends), block_size).to(device)
@@ -229,7 +257,9 @@ def plugged(parts: dict[int, ModuleType], calls: Counter) -> Iterator[None]:
         if 6 in parts:
             hashes = parts[6].chain_block_hashes
 
-            def chain(token_ids, block_size, known=None, extra_key=None):  # type: ignore[no-untyped-def]
+            def chain(
+                token_ids: SequenceOf[int], block_size: int, known: list[int] | None = None, extra_key: object = None
+            ) -> list[int]:
                 calls[6] += 1
                 return hashes(list(token_ids), block_size)
 
@@ -248,17 +278,19 @@ def build(parts: dict[int, ModuleType], calls: Counter) -> LLM:
     llm = LLM(block_size=BLOCK_SIZE, num_kvcache_blocks=BUDGET // per_block, max_num_seqs=8, enable_prefix_caching=True)
     kv = llm.kv_manager
     if 1 in parts:
-        kv.pool = LearnerPool(parts[1].LifoPool(llm.num_blocks), llm.num_blocks, calls)  # type: ignore[union-attr]
-        kv.prefix_cache.pool = kv.pool  # type: ignore[union-attr]
-        kv.pool.on_evict = kv.prefix_cache._forget  # type: ignore[union-attr]
+        assert isinstance(kv, PagedKVManager) and kv.prefix_cache is not None  # paged, prefix caching on
+        pool = LearnerPool(parts[1].LifoPool(llm.num_blocks), llm.num_blocks, calls)
+        # The learner's pool stands in for the BlockPool: the same methods, not a subclass.
+        vars(kv)["pool"] = vars(kv.prefix_cache)["pool"] = pool
+        pool.on_evict = kv.prefix_cache._forget
         fork = parts[1].fork
 
         def learner_fork(parent: Sequence, child: Sequence) -> None:
-            ids = fork(kv.pool, parent.block_table.block_ids)
+            ids = fork(pool, parent.block_table.block_ids)
             child.block_table.add_blocks(ids, parent.block_table.num_tokens)
             child.block_hashes = list(parent.block_hashes)
 
-        kv.fork = learner_fork  # type: ignore[method-assign]
+        vars(kv)["fork"] = learner_fork  # your fork in place of the manager's, on this engine only
     if parts.keys() & {2, 3, 4, 7}:
         llm.runner.attn.backend = LearnerBackend(parts, calls)
     if 5 in parts:

@@ -26,8 +26,9 @@ import re
 import signal
 import sys
 import traceback
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 
 import pytest
 
@@ -186,7 +187,7 @@ class _Plugin:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         keep, drop = [], []
         for item in items:
-            stem, exercise = item.module.STAGE, _exercise_of(item)
+            stem, exercise = _stage_of(item), _exercise_of(item)
             if exercise not in self.order[stem]:
                 self.order[stem].append(exercise)
             if self.only is not None and exercise not in self.only:
@@ -201,29 +202,44 @@ class _Plugin:
         items[:] = keep
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item):
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         with _time_limit(self.timeout_s):
             return (yield)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         if call.when == "call" or (report.failed and call.when == "setup"):
-            stem = item.module.STAGE
-            target = Path(self.targets[stem].__file__).resolve()
+            stem = _stage_of(item)
+            target = _file_of(self.targets[stem]).resolve()
             name = item.name.removeprefix("test_")
             self.checks[stem].append(_classify(_exercise_of(item), name, call.excinfo, target, report.capstdout))
         return report
 
 
+def _stage_of(item: pytest.Item) -> str:
+    """The stem of the exercise file a check's test module checks (its ``STAGE``)."""
+    assert isinstance(item, pytest.Function), item  # the checks are test functions
+    stage: str = item.module.STAGE
+    return stage
+
+
+def _file_of(module: ModuleType) -> Path:
+    """The file a module was loaded from (an exercise file always has one)."""
+    assert module.__file__ is not None, module
+    return Path(module.__file__)
+
+
 @contextlib.contextmanager
-def _time_limit(seconds: int):
+def _time_limit(seconds: int) -> Iterator[None]:
     """Stop a check after ``seconds`` (where the OS has alarms: not on Windows)."""
     if not hasattr(signal, "setitimer"):
         yield
         return
 
-    def stop(signum, frame):
+    def stop(signum: int, frame: FrameType | None) -> None:
         raise TimeoutError(f"this check ran for more than {seconds} s: an endless loop?")
 
     previous = signal.signal(signal.SIGALRM, stop)
@@ -271,7 +287,7 @@ def check(
         except Exception as exc:  # a learner's file that does not import is a finding, not a crash
             reports[stage] = StageReport(stage, STAGES[stage][1], _shown(path), error=_import_error(exc, path))
             continue
-        reports[stage] = StageReport(stage, STAGES[stage][1], _shown(module.__file__))
+        reports[stage] = StageReport(stage, STAGES[stage][1], _shown(_file_of(module)))
         modules[stem] = module
     if modules:
         plugin = _Plugin(modules, only, timeout_s)
@@ -294,7 +310,7 @@ def check(
         ]
         status = pytest.main(args, plugins=[plugin])
         if status in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
-            plugin.errors.append(f"the checks did not run (pytest: {status.name})")
+            plugin.errors.append(f"the checks did not run (pytest: {pytest.ExitCode(status).name})")
         for stage, report in reports.items():
             stem = STAGES[stage][0]
             if stem not in modules:

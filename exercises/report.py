@@ -113,8 +113,8 @@ def format_stage(report: StageReport, verbose: bool = False) -> str:
                 lines += ["  printed during this check:"] + ["    " + line for line in printed[:20]]
                 lines += ["    ..."] if len(printed) > 20 else []
         if len(failing) > 1 and not verbose:
-            more = len(failing) - 1
-            lines.append(f"  ({more} more failing check{'s' * (more != 1)} of {e.name}: add -v to see them all)")
+            others = len(failing) - 1
+            lines.append(f"  ({others} more failing check{'s' * (others != 1)} of {e.name}: add -v to see them all)")
     if any(e.status == "todo" for e in report.exercises):
         lines += ["", f"Not written yet: replace `raise NotImplementedError` in {report.path}."]
     return "\n".join([*lines, "", verdict(report)])

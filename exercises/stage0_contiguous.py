@@ -6,6 +6,8 @@ tests import them from this file.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
 from minipaged.kv.contiguous import ArenaFullError, FirstFitArena  # noqa: F401  (you will need both)
@@ -45,5 +47,5 @@ class BestFitArena(FirstFitArena):
     (first fit would return 10).
     """
 
-    def reserve(self, owner, size: int) -> int:
+    def reserve(self, owner: Hashable, size: int) -> int:
         raise NotImplementedError

@@ -7,6 +7,10 @@ tests import them from this file.
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minipaged.kv.block_pool import BlockPool
 
 
 class TinyPool:
@@ -17,11 +21,11 @@ class TinyPool:
     every block nobody uses any more at the back.
     """
 
-    def __init__(self, num_blocks):
+    def __init__(self, num_blocks: int) -> None:
         self.free_list = deque(range(num_blocks))
         self.ref_cnt = [0] * num_blocks
 
-    def allocate(self, n):
+    def allocate(self, n: int) -> list[int]:
         if n > len(self.free_list):
             raise RuntimeError(f"asked for {n} blocks, only {len(self.free_list)} free")
         ids = [self.free_list.popleft() for _ in range(n)]
@@ -29,11 +33,11 @@ class TinyPool:
             self.ref_cnt[block_id] = 1
         return ids
 
-    def share(self, block_id):
+    def share(self, block_id: int) -> None:
         assert self.ref_cnt[block_id] > 0, "only a block in use can be shared"
         self.ref_cnt[block_id] += 1
 
-    def free(self, ids):
+    def free(self, ids: list[int]) -> None:
         for block_id in reversed(ids):  # tail first
             self.ref_cnt[block_id] -= 1
             if self.ref_cnt[block_id] == 0:
@@ -55,14 +59,14 @@ class LifoPool(TinyPool):
     Override one method or both, and delete the stubs you do not need.
     """
 
-    def allocate(self, n):
+    def allocate(self, n: int) -> list[int]:
         raise NotImplementedError
 
-    def free(self, ids):
+    def free(self, ids: list[int]) -> None:
         raise NotImplementedError
 
 
-def fork(pool, block_ids: list[int]) -> list[int]:
+def fork(pool: BlockPool | TinyPool, block_ids: list[int]) -> list[int]:
     """Parallel sampling: a child sequence that shares every block of its parent.
 
     pool: a ``minipaged.kv.block_pool.BlockPool`` (or a ``TinyPool``: both have ``share(block_id)``);

@@ -11,6 +11,7 @@ other three are the attention kernel's ideas in plain torch and arithmetic.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import triton
@@ -20,7 +21,9 @@ from minipaged.kernels.interpreter import launch  # compiled on a GPU, interpret
 
 
 @triton.jit
-def store_kvcache_kernel(key, value, k_cache, v_cache, slot_mapping, key_stride, value_stride, D, D_PAD: tl.constexpr):
+def store_kvcache_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
+    key, value, k_cache, v_cache, slot_mapping, key_stride, value_stride, D, D_PAD: tl.constexpr
+):
     """Program ``t`` copies token ``t``'s new K and V into its slot of the paged cache.
 
     :func:`store_kvcache` below launches one program per token (grid ``(num_tokens,)``); read it.
@@ -44,7 +47,15 @@ def store_kvcache_kernel(key, value, k_cache, v_cache, slot_mapping, key_stride,
     raise NotImplementedError
 
 
-def store_kvcache(key, value, k_cache, v_cache, slot_mapping, *, kernel=store_kvcache_kernel) -> None:
+def store_kvcache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    kernel: Any = store_kvcache_kernel,  # a @triton.jit function (Triton ships no types)
+) -> None:
     """Your kernel at work (given, do not change): new K/V into the paged cache, in place; slot -1 writes nothing.
 
     key, value: ``[num_tokens, num_kv_heads, head_dim]``, each token's heads contiguous (a slice of

@@ -40,16 +40,19 @@ What they all share:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from minipaged.kernels._checks import check_decode
 from minipaged.kernels.interpreter import interpreting, launch
 
 
 @triton.jit
-def block_scores_kernel(
+def block_scores_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
     q,
     k_cache,
     out,
@@ -79,7 +82,7 @@ def block_scores_kernel(
 
 
 @triton.jit
-def tail_attention_kernel(
+def tail_attention_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
     q,
     k_cache,
     v_cache,
@@ -113,7 +116,7 @@ def tail_attention_kernel(
 
 
 @triton.jit
-def online_attention_kernel(
+def online_attention_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
     q,
     k_cache,
     v_cache,
@@ -149,7 +152,7 @@ def online_attention_kernel(
 
 
 @triton.jit
-def paged_attention_kernel(
+def paged_attention_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
     q,
     k_cache,
     v_cache,
@@ -181,7 +184,7 @@ def paged_attention_kernel(
 
 
 @triton.jit
-def gqa_attention_kernel(
+def gqa_attention_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
     q,
     k_cache,
     v_cache,
@@ -210,7 +213,7 @@ def gqa_attention_kernel(
 
 
 @triton.jit
-def paged_decode_kernel(
+def paged_decode_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations: only constexprs have one
     q,
     k_cache,
     v_cache,
@@ -261,10 +264,14 @@ def _tiles(k_cache: torch.Tensor) -> dict:
     )
 
 
+Kernel = Any  # a @triton.jit function (Triton ships no types)
+Shape = tuple[int, ...] | torch.Size
 _OUT = object()  # marks where ``out`` goes among a kernel's arguments
 
 
-def _run(kernel, grid: tuple, out_shape: tuple, out_dtype: torch.dtype, *args, k_cache: torch.Tensor) -> torch.Tensor:
+def _run(
+    kernel: Kernel, grid: tuple[int, ...], out_shape: Shape, out_dtype: torch.dtype, *args: object, k_cache: Tensor
+) -> Tensor:
     """Allocate ``out`` with a guard row after it, pass it where ``_OUT`` stands in ``args``, launch
     ``kernel`` with the cache's sizes, and (interpreted) say so if the kernel wrote into the guard."""
     sizes = _tiles(k_cache)
@@ -301,7 +308,7 @@ def _scale(scale: float | None, head_dim: int) -> float:
     return head_dim**-0.5 if scale is None else float(scale)
 
 
-def _one_sequence(q, k_cache, v_cache, block_table, context_len: int) -> None:
+def _one_sequence(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, context_len: int) -> None:
     """A puzzle on one sequence is a decode of a batch of one: the package's decode checks apply."""
     lens = torch.tensor([context_len], dtype=torch.int32, device=q.device)
     heads = q.reshape(1, -1, q.shape[-1])
@@ -310,7 +317,15 @@ def _one_sequence(q, k_cache, v_cache, block_table, context_len: int) -> None:
     check_decode(heads, k_cache, v_cache, block_table[None], lens)
 
 
-def block_scores(q, k_cache, block_id: int, kv_head: int, scale: float | None = None, *, kernel=block_scores_kernel):
+def block_scores(
+    q: Tensor,
+    k_cache: Tensor,
+    block_id: int,
+    kv_head: int,
+    scale: float | None = None,
+    *,
+    kernel: Kernel = block_scores_kernel,
+) -> Tensor:
     """Puzzle 1: q ``[head_dim]`` against block ``block_id`` of k_cache -> fp32 ``[block_size]`` scores."""
     _check_caches(q, k_cache, k_cache, kv_head)
     if q.dim() != 1 or not 0 <= block_id < k_cache.shape[0]:
@@ -320,16 +335,16 @@ def block_scores(q, k_cache, block_id: int, kv_head: int, scale: float | None = 
 
 
 def tail_attention(
-    q,
-    k_cache,
-    v_cache,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
     block_id: int,
     n: int,
     kv_head: int,
     scale: float | None = None,
     *,
-    kernel=tail_attention_kernel,
-):
+    kernel: Kernel = tail_attention_kernel,
+) -> Tensor:
     """Puzzle 2: q ``[head_dim]`` attends to slots ``0 .. n - 1`` of block ``block_id`` -> fp32 ``[head_dim]``."""
     _check_caches(q, k_cache, v_cache, kv_head)
     if q.dim() != 1 or not 0 <= block_id < k_cache.shape[0] or not 1 <= n <= k_cache.shape[1]:
@@ -339,8 +354,15 @@ def tail_attention(
 
 
 def online_attention(
-    q, k_cache, v_cache, context_len: int, kv_head: int, scale: float | None = None, *, kernel=online_attention_kernel
-):
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    context_len: int,
+    kv_head: int,
+    scale: float | None = None,
+    *,
+    kernel: Kernel = online_attention_kernel,
+) -> Tensor:
     """Puzzle 3: q ``[head_dim]`` attends to ``context_len`` tokens kept in blocks 0, 1, ... -> fp32 ``[head_dim]``."""
     _check_caches(q, k_cache, v_cache, kv_head)
     in_order = torch.arange(k_cache.shape[0], dtype=torch.int32, device=q.device)
@@ -350,16 +372,16 @@ def online_attention(
 
 
 def paged_attention(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
     context_len: int,
     kv_head: int,
     scale: float | None = None,
     *,
-    kernel=paged_attention_kernel,
-):
+    kernel: Kernel = paged_attention_kernel,
+) -> Tensor:
     """Puzzle 4: q ``[head_dim]`` attends to one sequence through its int32 ``block_table`` -> fp32 ``[head_dim]``."""
     _check_caches(q, k_cache, v_cache, kv_head)
     _one_sequence(q, k_cache, v_cache, block_table, context_len)
@@ -367,7 +389,16 @@ def paged_attention(
     return _run(kernel, (1,), q.shape, torch.float32, *args, k_cache=k_cache)
 
 
-def gqa_attention(q, k_cache, v_cache, block_table, context_len: int, scale=None, *, kernel=gqa_attention_kernel):
+def gqa_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    context_len: int,
+    scale: float | None = None,
+    *,
+    kernel: Kernel = gqa_attention_kernel,
+) -> Tensor:
     """Puzzle 5: q ``[num_heads, head_dim]``, one sequence -> fp32 ``[num_heads, head_dim]``."""
     _check_caches(q, k_cache, v_cache)
     _one_sequence(q, k_cache, v_cache, block_table, context_len)
@@ -385,7 +416,7 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float | None = None,
     *,
-    kernel=paged_decode_kernel,
+    kernel: Kernel = paged_decode_kernel,
 ) -> torch.Tensor:
     """Puzzle 6 at work: one new query token per sequence. q: [num_seqs, num_heads, head_dim] -> same shape, q's dtype.
 
@@ -400,6 +431,6 @@ def paged_decode_attention(
         return torch.empty_like(q)
     q, block_tables = q.contiguous(), block_tables.contiguous()
     group = num_heads // k_cache.shape[2]
-    args = (q, k_cache, v_cache, _OUT, block_tables, context_lens, _scale(scale, head_dim))
+    args: tuple[object, ...] = (q, k_cache, v_cache, _OUT, block_tables, context_lens, _scale(scale, head_dim))
     args += (block_tables.shape[1], num_heads, group)
     return _run(kernel, (num_seqs, num_heads), q.shape, q.dtype, *args, k_cache=k_cache)

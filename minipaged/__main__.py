@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
         "every my_guess blank, the exercises as stubs (their checks and solutions stay in the repository).",
     )
     c.add_argument("out_dir", help="a new (or empty) folder")
+    c.add_argument(
+        "--lang", choices=("en", "zh"), default="en", help="the language of the notebooks' prose (zh: Chinese)"
+    )
     s = sub.add_parser(
         "slides",
         help="build reveal.js slides from the notebooks, one deck each, that open offline",
@@ -178,7 +181,10 @@ def run(args: argparse.Namespace) -> None:
     elif args.cmd == "course":
         from minipaged.course.learner import make_learner_copy
 
-        written = make_learner_copy(args.out_dir)
+        try:
+            written = make_learner_copy(args.out_dir, lang=args.lang)
+        except (FileExistsError, ValueError) as e:  # a used folder, an incomplete translation: nothing written
+            raise SystemExit(f"minipaged course: {e}") from None
         print(f"{len(written)} files written to {args.out_dir}: jupyter lab {args.out_dir}/notebooks/")
     elif args.cmd == "slides" and args.lectures:
         from minipaged.course.lectures import build_lectures

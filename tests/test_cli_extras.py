@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import minipaged.__main__ as cli
+from minipaged.engine.llm import LLM
 
 CASES = [  # (argv, the library taken away, the extra the message must name)
     (["course", "{tmp}/learner"], "nbstripout", "notebooks"),
@@ -25,12 +26,18 @@ CASES = [  # (argv, the library taken away, the extra the message must name)
 ]
 
 
+def went_on(*args, **kwargs):
+    raise AssertionError("the command went on to build an engine without the library it needs")
+
+
 @pytest.mark.parametrize("argv,module,extra", CASES, ids=[f"{' '.join(a[:2])}-{m}" for a, m, _ in CASES])
 def test_missing_library_names_its_extra(argv, module, extra, monkeypatch, tmp_path, capsys):
     for name in list(sys.modules):  # a library imported earlier would not be imported again
         if name == module or name.startswith(module + "."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, module, None)
+    # Should the command miss its missing library, it fails here rather than serve forever.
+    monkeypatch.setattr(LLM, "__init__", went_on)
     with pytest.raises(SystemExit) as exit_:
         cli.main([a.format(tmp=tmp_path) for a in argv])
     assert exit_.value.code == 2

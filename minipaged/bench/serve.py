@@ -167,7 +167,7 @@ async def _watch(client, base_url: str, headers: dict, seen: list[int]) -> None:
                 seen.append(json.loads(line[len("data: ") :])["step"])
 
 
-def summary(results: list[Result], duration: float) -> dict:
+def summary(results: list[Result], duration: float) -> dict[str, object]:
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
@@ -175,7 +175,7 @@ def summary(results: list[Result], duration: float) -> dict:
     ttft = ms([r.ttft for r in ok])
     tpot = ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1])
     itl = ms([gap for r in ok for gap in r.itl])
-    figures = {
+    figures: dict[str, object] = {
         "completed": len(ok),
         "failed": len(results) - len(ok),
         "duration": duration,
@@ -262,7 +262,7 @@ class LocalServer:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.proc.stderr.read()[-2000:]}")
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.proc.communicate()[1][-2000:]}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self

@@ -21,6 +21,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from minipaged.course.translation import translate
+
 if TYPE_CHECKING:
     from nbformat import NotebookNode
 
@@ -37,6 +39,18 @@ Made by `python -m minipaged course` from {repo}.
   this folder with `python -m exercises stage0` (`stage1`, ...).
 
 Links in the notebooks to the package's code and docs point into the repository: {repo}.
+"""
+README_ZH = """# 你的 minipaged 课程副本
+
+由 `python -m minipaged course --lang zh` 从 {repo} 生成。
+
+- `notebooks/`：用 `jupyter lab notebooks/` 打开（以 root 身份运行时：`jupyter lab --allow-root notebooks/`）。
+  从上往下运行各单元。遇到 `my_guess = None` 的单元，先写下你的猜测，再运行它后面的单元：
+  它会打印 "you predicted X; it is Y"，下面折叠的 *Why* 说明原因。文字是中文，代码和它打印的内容是英文。
+- `exercises/`：把每个 notebook 的练习写在 `exercises/stageN_*.py` 里，然后在本文件夹中用
+  `python -m exercises stage0`（`stage1`、……）检查。练习说明见 `exercises/README.zh.md`。
+
+notebook 里指向包的代码和文档的链接都指向仓库：{repo}。
 """
 
 
@@ -64,12 +78,12 @@ def blank_guess(source: str) -> str:
     return f"{GUESS} = None{tail}"
 
 
-def learner_notebook(path: Path) -> NotebookNode:
-    """The notebook at ``path`` as a learner should get it: no outputs, blank guesses."""
+def learner_notebook(path: Path, lang: str = "en") -> NotebookNode:
+    """The notebook at ``path`` as a learner should get it: no outputs, blank guesses, prose in ``lang``."""
     import nbformat
     from nbstripout import strip_output
 
-    nb = nbformat.read(path, as_version=4)
+    nb = translate(nbformat.read(path, as_version=4), path, lang)
     # nbstripout's own defaults, as its command line applies them: saved widget state, signatures
     # and per-cell execution timings go too.
     extra = [
@@ -89,23 +103,28 @@ def learner_notebook(path: Path) -> NotebookNode:
     return nb
 
 
-def make_learner_copy(out_dir: Path, repo: Path = REPO) -> list[Path]:
-    """Write ``out_dir/notebooks`` and ``out_dir/exercises`` for a learner; returns the files written."""
+def make_learner_copy(out_dir: Path, repo: Path = REPO, lang: str = "en") -> list[Path]:
+    """Write ``out_dir/notebooks`` and ``out_dir/exercises`` for a learner; returns the files written.
+
+    ``lang="zh"``: the notebooks' markdown cells in Chinese (see :mod:`minipaged.course.translation`).
+    """
     import nbformat
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} is not empty: name a new folder for the learner's copy")
+    # Every notebook translated before anything is written: an incomplete translation leaves no copy.
+    notebooks = {path.name: learner_notebook(path, lang) for path in sorted((repo / "notebooks").glob("[0-9]*.ipynb"))}
     written = []
     (out_dir / "notebooks").mkdir(parents=True, exist_ok=True)
-    for path in sorted((repo / "notebooks").glob("[0-9]*.ipynb")):
-        target = out_dir / "notebooks" / path.name
-        nbformat.write(learner_notebook(path), target)
+    for name, nb in notebooks.items():
+        target = out_dir / "notebooks" / name
+        nbformat.write(nb, target)
         written.append(target)
     shutil.copytree(
         repo / "exercises", out_dir / "exercises", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "solutions")
     )
     written += sorted(p for p in (out_dir / "exercises").rglob("*") if p.is_file())
     readme = out_dir / "README.md"
-    readme.write_text(README.format(repo=repo), encoding="utf-8")
+    readme.write_text((README_ZH if lang == "zh" else README).format(repo=repo), encoding="utf-8")
     return [*written, readme]

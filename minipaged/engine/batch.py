@@ -41,7 +41,6 @@ class ScheduledBatch:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     preempted: list[Sequence] = field(default_factory=list)
     swapped_out: list[Sequence] = field(default_factory=list)
-    swapped_in: list[Sequence] = field(default_factory=list)
     rng_states: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
 
     def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int]) -> None:

@@ -116,7 +116,6 @@ class Scheduler:
                 break
             self.swapped.popleft()
             batch.blocks_to_swap_in += self.kv.swap_in(unit)
-            batch.swapped_in += unit
             self._start(unit)
             taken += seats(unit)
             budget -= self._add_to_batch(unit, plan, batch)

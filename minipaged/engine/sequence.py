@@ -2,7 +2,9 @@
 
 A request becomes one or more sequences: ``n`` samples (a *family*), or the live beams of a beam
 search. Who writes what: the scheduler writes a sequence's ``status``, its token counters and
-its tokens; the KV manager writes its ``block_table`` and ``block_hashes``; nothing else does.
+its tokens; the KV manager writes its ``block_table`` and ``block_hashes``; the stop rules
+(:mod:`~minipaged.engine.stop`) its ``stop_reason`` and ``text_len``; a beam search
+(:mod:`~minipaged.engine.beam_search`) ties its first beam to itself (``beam``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from minipaged.sim import PagedReplay, replay
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ENGINE_BLOCK_SIZES = (1, 4, 16, 64, 256)  # every other one: each is a run of the real engine
-PAPER = {"default": 16, "best_sharegpt": "16-128", "best_alpaca": "16-32"}
+PAPER: dict[str, int | str] = {"default": 16, "best_sharegpt": "16-128", "best_alpaca": "16-32"}
 
 
 def block_size_sweep(
@@ -58,7 +58,8 @@ def block_size_sweep(
             blocks = OPT13B_A100_SLOTS // b
             memory[key][str(b)] = saturated_shares(replay(trace, PagedReplay(blocks, b)).series, blocks * b)["tokens"]
     requests = alpaca_requests(engine_requests, vocab_size(model), 0, max_output)
-    throughput, tokens = {}, {}
+    throughput: dict[str, float] = {}
+    tokens: dict[int, list[list[int]]] = {}
     for b in tqdm(engine_block_sizes, desc="fig18b engine", leave=False):
         llm = make_llm(
             "paged", model, block_size=b, num_kvcache_blocks=slots // b, max_model_len=BUDGET["max_model_len"]
@@ -68,11 +69,11 @@ def block_size_sweep(
         throughput[str(b)], tokens[b] = run.tokens_per_s, run.tokens
     res.data = {"memory_tokens_share": memory, "tokens_per_s": throughput}
     for key, shares in memory.items():
-        for b, share in shares.items():
-            res.add(f"{TRACES[key]}, block {b}: memory holding tokens", 100 * share, unit="%")
-    for b, value in throughput.items():
-        res.add(f"engine, block {b}: tokens/s", value)
-    best = max(throughput, key=throughput.get)
+        for size, share in shares.items():
+            res.add(f"{TRACES[key]}, block {size}: memory holding tokens", 100 * share, unit="%")
+    for size, value in throughput.items():
+        res.add(f"engine, block {size}: tokens/s", value)
+    best = max(throughput, key=lambda size: throughput[size])
     same = all(t == tokens[engine_block_sizes[0]] for t in tokens.values())
     res.data["best_block_size"], res.data["tokens_identical"] = int(best), same
     res.add("engine: fastest block size", int(best), PAPER["default"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from minipaged import LLM, SamplingParams
 from minipaged.model.config import ModelConfig
@@ -27,7 +28,7 @@ BUDGET = dict(num_kvcache_blocks=64, block_size=16, max_model_len=512)
 RESERVE_RULES = {"orca-max": "max", "orca-pow2": "pow2", "orca-oracle": "oracle", "paged": None}
 
 
-def make_llm(system: str, model: str | None = MODEL, **kw) -> LLM:
+def make_llm(system: str, model: str | None = MODEL, **kw: Any) -> LLM:
     """The engine for ``system`` (a key of :data:`RESERVE_RULES`); ``kw`` go to :class:`LLM`."""
     reserve = RESERVE_RULES[system]
     if reserve is None:
@@ -145,7 +146,7 @@ class StepRecorder:
             original()
             self.stats.append(self.llm.kv_stats())
 
-        kv.mark_written = recorded
+        vars(kv)["mark_written"] = recorded  # an instance attribute, hiding the class's method until __exit__
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,7 +19,7 @@ from minipaged.viz.palette import (
     SEQUENCE_COLORS,
     WASTE,
 )
-from minipaged.viz.style import new_figure
+from minipaged.viz.style import new_figure, new_grid
 
 PAPER_GREY = "#9E9E9E"
 SYSTEM_COLORS = {
@@ -58,7 +58,10 @@ def draw_memory_shares(result: dict, trace: str = "sharegpt") -> Figure:
     data = result["data"] if trace == "sharegpt" else result["data"][trace]
     names_in = set(SYSTEM_NAMES.values())
     paper = {part: r["paper"] for r in result["rows"] for part in r["label"].split(", ") if part in names_in}
-    parts = (("tokens", PAGED, "token states"), ("reservation", RESERVED, "reserved for later tokens"))
+    parts: tuple[tuple[str, str, str], ...] = (
+        ("tokens", PAGED, "token states"),
+        ("reservation", RESERVED, "reserved for later tokens"),
+    )
     parts += (("internal", WASTE, "never filled"), ("free", FREE, "free, unusable"))
     fig, ax = new_figure(11, 4)
     names = [s for s in SYSTEM_NAMES if s in data]
@@ -99,7 +102,7 @@ def draw_latency(result: dict) -> Figure:
 
 def draw_block_size(result: dict) -> Figure:
     """Fig. 18b: memory holding tokens (every trace) and the engine's tokens/s against the block size."""
-    fig, (mem, speed) = new_figure(12, 4.2, ncols=2)
+    fig, [[mem, speed]] = new_grid(12, 4.2, ncols=2)
     colors = {"sharegpt": OURS, "sharegpt-real": SEQUENCE_COLORS[3], "alpaca": THEIRS}
     for trace, shares in result["data"]["memory_tokens_share"].items():  # runs saved before real lengths: two
         mem.plot([int(b) for b in shares], [100 * v for v in shares.values()], "o-", color=colors[trace], label=trace)

@@ -16,6 +16,8 @@ Python's and torch's, not a bus's.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tqdm.auto import tqdm
 
@@ -58,9 +60,9 @@ def swap_vs_recompute(
     requests = alpaca_requests(num_requests, vocab_size(model), 0, max_output)
     prompt_tokens = sum(len(p) for p, _ in requests)
     res.settings = {"model": model, "slots": slots, "requests": num_requests, "max_output": max_output}
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for b in tqdm(block_sizes, desc="fig19", leave=False):
-        runs = {}
+        runs: dict[str, EngineRun] = {}
         for mode in ("recompute", "swap"):
             llm = LLM(
                 model,
@@ -83,9 +85,10 @@ def swap_vs_recompute(
             "step_cost": cost,
         }
     res.data["block_sizes"] = rows
-    for b, r in rows.items():
-        res.add(f"block {b}: swap, ms per block", 1e3 * r["seconds_per_swapped_block"])
-        res.add(f"block {b}: recompute, ms per block", 1e3 * r["seconds_per_recomputed_block"])
-        res.add(f"block {b}: recompute time / swap time (end to end)", r["seconds"]["recompute"] / r["seconds"]["swap"])
+    for size, r in rows.items():
+        res.add(f"block {size}: swap, ms per block", 1e3 * r["seconds_per_swapped_block"])
+        res.add(f"block {size}: recompute, ms per block", 1e3 * r["seconds_per_recomputed_block"])
+        ratio = r["seconds"]["recompute"] / r["seconds"]["swap"]
+        res.add(f"block {size}: recompute time / swap time (end to end)", ratio)
     res.notes.append(f"paper: the two comparable at block sizes {PAPER['comparable_block_sizes']}")
     return res

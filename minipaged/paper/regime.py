@@ -18,6 +18,7 @@ tokens/s = rows / step time).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -50,7 +51,7 @@ def decode_step_cost(llm: LLM, rows: list[int], decode_steps: int, prompt_len: i
     return cost
 
 
-def _compare(model: str | None, requests: list, repeats: int, **budget) -> dict:
+def _compare(model: str | None, requests: list, repeats: int, **budget: Any) -> dict:
     """Paged and contiguous (Max) on ``requests``: tokens/s, their ratio, the fitted step cost."""
     paged, contiguous = make_llm("paged", model, **budget), make_llm("orca-max", model, **budget)
     runs = fastest_of(

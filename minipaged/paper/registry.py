@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from minipaged.paper import (
     block_size,
@@ -95,7 +96,7 @@ FIGURES: dict[str, Entry] = {
 }
 
 
-def run(name: str, quick: bool = False, **overrides) -> PaperResult:
+def run(name: str, quick: bool = False, **overrides: Any) -> PaperResult:
     """Run figure ``name`` at its quick or full size (``overrides`` change single settings)."""
     if name not in FIGURES:
         raise ValueError(f"unknown figure {name!r}: choose from {', '.join(FIGURES)}")

@@ -78,7 +78,7 @@ def latency_vs_rate(
         res.data.setdefault("mean_running", {})[system] = full["mean_running"]
     rates = [f * capacity["paged"] for f in rate_fractions]
     curves: dict[str, list[dict]] = {}
-    tokens = {}  # each system's tokens at the first rate
+    tokens: dict[str, list[list[int]]] = {}  # each system's tokens at the first rate
     for system, llm in tqdm(engines.items(), desc="fig12 curves", leave=False):
         curves[system] = []
         for rate in rates:

@@ -51,6 +51,13 @@ ROLES |= {"bing": "assistant", "bard": "assistant"}
 TOKENIZE_CHUNK = 1024  # texts per encode_batch call (one progress step)
 
 
+def _match_end(pattern: re.Pattern[str], text: str, i: int) -> int:
+    """Where ``pattern``, which matches the empty string too (``[\\s,]*``), stops matching at ``i``."""
+    match = pattern.match(text, i)
+    assert match is not None, pattern.pattern  # a pattern that matches "" always matches
+    return match.end()
+
+
 class LengthTokenizer(Protocol):
     """What counting tokens needs: a batched encode and a fingerprint that names the tokenizer."""
 
@@ -102,7 +109,7 @@ class ShareGPT:
             raise ValueError(f"{path} is not a ShareGPT file: it holds no JSON list")
         decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
         conversations, i, truncated = [], start + 1, True
-        while (i := skip.match(text, i).end()) < len(text):
+        while (i := _match_end(skip, text, i)) < len(text):
             if text[i] == "]":
                 truncated = False
                 break

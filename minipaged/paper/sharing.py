@@ -19,6 +19,7 @@ search as a loop outside the engine that resubmits every beam at every step.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -47,7 +48,7 @@ def saved_share(stats: list[dict]) -> float:
     return saved / max(used + saved, 1)
 
 
-def _engine(model: str | None, prompts: list[list[int]], width: int, max_tokens: int, **kw) -> LLM:
+def _engine(model: str | None, prompts: list[list[int]], width: int, max_tokens: int, **kw: Any) -> LLM:
     """A paged engine with room for every sequence at once (no preemption: it would change what is shared)."""
     bs = BUDGET["block_size"]
     blocks = len(prompts) * width * (cdiv(max(map(len, prompts)) + max_tokens, bs) + 1)

@@ -17,9 +17,22 @@ serving benchmark samples it). Alpaca has no copy on the package index: it stays
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 from minipaged.paper import sharegpt
 from minipaged.sim import TraceRequest, synthetic_trace, token_ids_for
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class TraceOptions(TypedDict, total=False):
+    """The keywords :func:`paper_trace` passes on to :func:`~minipaged.sim.synthetic_trace`."""
+
+    arrival_rate: float
+    shared_prefix_len: int
+    num_prefixes: int
+
 
 # The paper's systems: Orca with three reservation rules against vLLM's paged memory.
 SYSTEM_LABELS = {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)", "paged": "paged"}
@@ -43,7 +56,7 @@ SHAPES = {"sharegpt": SHAREGPT, "alpaca": ALPACA}
 
 
 def paper_trace(
-    shape: TraceShape, num_requests: int, seed: int = 0, max_len: int = 2048, **kw: float
+    shape: TraceShape, num_requests: int, seed: int = 0, max_len: int = 2048, **kw: Unpack[TraceOptions]
 ) -> list[TraceRequest]:
     """``num_requests`` requests of ``shape``, prompt + output <= ``max_len``, all arriving at step 0
     unless ``arrival_rate`` (per step) is given; other keywords go to :func:`synthetic_trace`."""

@@ -15,6 +15,8 @@ import ipaddress
 import secrets
 from urllib.parse import parse_qs
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from minipaged.serve.limits import send_error
 from minipaged.serve.protocol import APIError
 
@@ -35,7 +37,7 @@ def new_join_code(length: int = 6) -> str:
     return "".join(secrets.choice(ALPHABET) for _ in range(length))
 
 
-def presented_code(scope) -> str | None:
+def presented_code(scope: Scope) -> str | None:
     """The code a request carries, wherever it carries it."""
     headers = dict(scope["headers"])
     auth = headers.get(b"authorization", b"").decode("latin-1")
@@ -50,10 +52,10 @@ def presented_code(scope) -> str | None:
 class JoinCode:
     """ASGI middleware: 401 unless the request carries ``code`` (static files excepted)."""
 
-    def __init__(self, app, code: str) -> None:
+    def __init__(self, app: ASGIApp, code: str) -> None:
         self.app, self.code = app, code
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not scope["path"].startswith(PUBLIC_PREFIX):
             given = presented_code(scope)
             if given is None or not secrets.compare_digest(given.encode(), self.code.encode()):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -61,6 +62,13 @@ class Server:
         self.metrics = metrics.registry(lambda: self.loop.live.stats if self.loop else {})
         self.created = int(time.time())
 
+    @property
+    def running_loop(self) -> EngineLoop:
+        """The engine loop, which the app's lifespan starts before any request is served."""
+        if self.loop is None:
+            raise RuntimeError("the server's engine loop has not started")
+        return self.loop
+
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise APIError(404, f"model: '{name}' is not served here; this server serves '{self.model_name}'", "model")
@@ -85,7 +93,7 @@ def create_app(
     server = Server(llm, model_name, limits, loopback, preamble, chat_template)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         server.loop = EngineLoop(llm, asyncio.get_running_loop())
         server.loop.start()
         try:
@@ -155,7 +163,7 @@ def _routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/projector/config")
     async def projector_config() -> JSONResponse:
-        live = server.loop.live
+        live = server.running_loop.live
         return JSONResponse(
             {
                 "model": server.model_name,
@@ -173,9 +181,9 @@ def _routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/projector/stream")
     async def projector_stream() -> EngineStream:
-        live = server.loop.live
+        live = server.running_loop.live
 
-        async def frames():
+        async def frames() -> AsyncIterator[str]:
             sent, quiet = 0, 0.0
             while True:
                 fresh = [(n, text) for n, text in live.frames if n > sent]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import sys
 from pathlib import Path
 
@@ -111,6 +112,9 @@ def main(argv: list[str]) -> None:
     parser, engine_names = build_parser()
     args = parser.parse_args(argv)
     try:
+        # Each library by name: minipaged.serve.app, once imported, would not import them again.
+        for library in ("fastapi", "uvicorn", "httpx", "prometheus_client"):
+            importlib.import_module(library)
         import uvicorn
 
         from minipaged.serve.app import create_app

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from minipaged.engine.outputs import RequestOutput
+from minipaged.engine.sampling_params import SamplingParams
 from minipaged.serve import protocol
 from minipaged.serve.deltas import TextStream
 from minipaged.serve.engine_loop import Submission
-from minipaged.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from minipaged.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 router = APIRouter()
 LABEL_CHARS = 16
@@ -34,7 +37,7 @@ class EngineStream(StreamingResponse):
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.on_close = on_close
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -68,7 +71,13 @@ async def chat_completions(request: Request) -> Response:
     return await _run(request, req, [(ids, ids)], params, chat=True)
 
 
-async def _run(request: Request, req, encoded: list, params, chat: bool) -> Response:
+async def _run(
+    request: Request,
+    req: SamplingRequest,
+    encoded: list[tuple[str | list[int], list[int]]],
+    params: SamplingParams,
+    chat: bool,
+) -> Response:
     server = request.app.state.server
     client = request.client.host if request.client else "unknown"
     ticket = server.admission.admit(client, len(encoded), server.loop.num_running_requests)
@@ -113,7 +122,9 @@ async def _collect(events: asyncio.Queue, count: int) -> list[RequestOutput]:
     return [final[i] for i in range(count)]
 
 
-async def _until_done_or_gone(request: Request, work) -> list[RequestOutput] | None:
+async def _until_done_or_gone(
+    request: Request, work: Coroutine[Any, Any, list[RequestOutput]]
+) -> list[RequestOutput] | None:
     """``work``'s result, or None if the client disconnects first."""
 
     async def gone() -> None:
@@ -131,7 +142,13 @@ async def _until_done_or_gone(request: Request, work) -> list[RequestOutput] | N
 
 
 async def _stream(
-    events: asyncio.Queue, subs: list[Submission], req, response_id: str, model: str, chat: bool, include_usage: bool
+    events: asyncio.Queue,
+    subs: list[Submission],
+    req: SamplingRequest,
+    response_id: str,
+    model: str,
+    chat: bool,
+    include_usage: bool,
 ) -> AsyncIterator[str]:
     """Server-sent events: a chunk per choice whenever its text grows; an error event if the engine fails."""
     texts: dict[int, TextStream] = {}

@@ -80,7 +80,7 @@ class EngineLoop:
         self.num_steps = 0
         self._labelled_started = False  # this turn's step started a labelled request (see _run)
         self.num_running_requests = 0  # after the last step; read by admission control
-        self.abort_log: deque[tuple[int, int, int]] = deque(maxlen=256)  # (request id, step asked, step applied)
+        self.abort_log: deque[tuple[int, int | None, int]] = deque(maxlen=256)  # (request id, step asked, step applied)
         self._thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
 
     # -- called from the event loop --------------------------------------------------------

@@ -16,6 +16,7 @@ format ``preamble<copy>text<end>``).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from minipaged.engine import inputs as engine_inputs
 from minipaged.engine.llm import LLM
@@ -80,6 +81,7 @@ class EngineInputs:
             text = self.chat_template.render(messages)
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None
+        assert self.tokenizer is not None  # the chat template came from the tokenizer's files
         ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
         self.check_ids(ids, "messages")
         return ids
@@ -147,7 +149,7 @@ class EngineInputs:
         if not 1 <= req.n <= self.max_num_seqs:
             raise APIError(400, f"n: must be in [1, max_num_seqs={self.max_num_seqs}], got {req.n}", "n")
         extra = self._stop_fields(req)
-        values = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
+        values: dict[str, Any] = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
         try:
             params = SamplingParams(
                 max_tokens=max_tokens,

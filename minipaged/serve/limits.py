@@ -17,6 +17,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from minipaged.serve.protocol import APIError
 
 PER_CLIENT_OFF_LOOPBACK = 8
@@ -84,10 +86,10 @@ class Ticket:
 class BodySizeLimit:
     """ASGI middleware: 413 for a body over ``max_bytes``, by its Content-Length or while it streams in."""
 
-    def __init__(self, app, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         too_big = APIError(413, f"body: larger than {self.max_bytes} bytes (the server's --max-body-bytes)")
@@ -96,7 +98,7 @@ class BodySizeLimit:
             return await send_error(send, too_big)
         seen = 0
 
-        async def counted():
+        async def counted() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -115,7 +117,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def send_error(send, error: APIError) -> None:
+async def send_error(send: Send, error: APIError) -> None:
     """Answer an ASGI request with an OpenAI-style JSON error, before any app code ran."""
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

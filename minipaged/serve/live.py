@@ -118,8 +118,9 @@ class LiveState:
     def _now(self, llm: LLM) -> StepSnapshot:
         """The last step's snapshot brought up to date: requests aborted since are gone, and the
         pool's ``ref_cnt`` and cached flags are read now (``llm.kv_manager.pool``, paged only)."""
-        empty = dict(scheduled=[], preempted=[], finished=[], waiting=[], running=[], block_tables={}, num_tokens={})
-        base = self.prev or StepSnapshot(step=0, **empty)
+        base = self.prev or StepSnapshot(
+            step=0, scheduled=[], preempted=[], finished=[], waiting=[], running=[], block_tables={}, num_tokens={}
+        )
         running = [s.seq_id for s in llm.scheduler.running]
         pool = getattr(llm.kv_manager, "pool", None)
         return dataclasses.replace(

@@ -14,6 +14,7 @@ of the course's palette, and the figures passed in.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from minipaged.engine.outputs import StepSnapshot
 from minipaged.engine.step_events import step_events as events_between
@@ -80,7 +81,7 @@ def frame(
                 "state": scheduled.get(seq, "idle"),
             }
         )
-    waiting = []
+    waiting: list[dict[str, Any]] = []  # JSON for the page
     for seq in snap.waiting:
         rid = seqs.get(seq, (-1, 0))[0]
         if not any(w["id"] == rid for w in waiting):

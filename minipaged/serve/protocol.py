@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictBool, StrictInt, StrictStr, ValidationError
 
@@ -167,7 +167,10 @@ class ChatCompletionRequest(SamplingRequest):
 UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
-def parse(model: type[BaseModel], body: bytes) -> Any:
+Req = TypeVar("Req", bound=SamplingRequest)
+
+
+def parse(model: type[Req], body: bytes) -> Req:
     """Bytes of a request body -> a checked request model, or APIError(400) naming the field."""
     try:
         data = json.loads(body)

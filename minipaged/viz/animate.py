@@ -18,9 +18,10 @@ import dataclasses
 import html
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.figure import Figure
@@ -29,13 +30,18 @@ from minipaged.engine.step_events import StepEvents, live, step_events
 from minipaged.viz.palette import SEQUENCE_COLORS, Ink, inks_over_time, owner_inks
 from minipaged.viz.scheduler import draw_step, seq_names
 
+if TYPE_CHECKING:
+    import ipywidgets
+
+    from minipaged.engine.outputs import StepSnapshot
+
 
 @dataclass
 class Frame:
     """One animation frame: a step's snapshot, what changed, the caption that says so, running totals
     (``prefix_hit_tokens``, ``cow_copies``, ``evictions``, ``preemptions``)."""
 
-    snapshot: object
+    snapshot: StepSnapshot
     events: StepEvents
     caption: str
     totals: dict[str, int]
@@ -48,7 +54,7 @@ class Movie:
     title: str
     frames: list[Frame]
     names: dict[int, str]
-    inks: dict[int, Ink]  # seq_id -> colour (and hatch), never shared by two sequences alive at once
+    inks: dict[Hashable, Ink]  # seq_id -> colour (and hatch), never shared by two sequences alive at once
     block_size: int
     num_blocks: int
     token_budget: int | None = None  # the engine's max_num_batched_tokens, when known
@@ -73,7 +79,9 @@ def _blocks(ids: Sequence[int]) -> str:
     return ("block " if len(ids) == 1 else "blocks ") + ", ".join(map(str, ids))
 
 
-def caption(prev, snap, ev: StepEvents, names: dict[int, str], block_size: int) -> str:
+def caption(
+    prev: StepSnapshot | None, snap: StepSnapshot, ev: StepEvents, names: Mapping[int, str], block_size: int
+) -> str:
     """One clause per event, in the order the step did them; a plain summary when nothing special happened."""
     before = prev.block_tables if prev else {}
 
@@ -138,7 +146,12 @@ def caption(prev, snap, ev: StepEvents, names: dict[int, str], block_size: int) 
 
 
 def build_frames(
-    snapshots: Sequence, block_size: int, num_blocks: int, title: str = "", names=None, token_budget=None
+    snapshots: Sequence[StepSnapshot],
+    block_size: int,
+    num_blocks: int,
+    title: str = "",
+    names: Mapping[int, str] | None = None,
+    token_budget: int | None = None,
 ) -> Movie:
     """A :class:`Movie` with one frame per snapshot (paged cache only: snapshots need ``ref_cnt``).
 
@@ -151,7 +164,9 @@ def build_frames(
         for s in [*live(snap), *snap.block_tables]:
             names.setdefault(s, f"seq {s}")
     totals = dict(prefix_hit_tokens=0, cow_copies=0, evictions=0, preemptions=0)
-    frames, prev, preempted = [], None, set()
+    frames: list[Frame] = []
+    prev: StepSnapshot | None = None
+    preempted: set[int] = set()
     for snap in snapshots:
         ev = step_events(prev, snap, block_size)
         ev.resumed = [s for s in ev.admitted if s in preempted]
@@ -164,14 +179,14 @@ def build_frames(
     everyone = {n for a in alive for n in a}
     # A colour of its own for each sequence (A blue, B orange, ...) while there are enough; past
     # that, colours are reused, never by two sequences alive at once.
-    inks = owner_inks(everyone) if len(everyone) <= len(SEQUENCE_COLORS) else inks_over_time(alive)
-    inks = {s: inks[n] for s, n in names.items() if n in inks}
+    by_name = owner_inks(everyone) if len(everyone) <= len(SEQUENCE_COLORS) else inks_over_time(alive)
+    inks: dict[Hashable, Ink] = {s: by_name[n] for s, n in names.items() if n in by_name}
     return Movie(title, frames, names, inks, block_size, num_blocks, token_budget)
 
 
 SYSTEM = "You are a careful copy machine. "  # 32 characters: 4 full blocks of 8 tokens
 # name -> (title, LLM keyword arguments, requests added before a step: (step, text, preamble, samples)).
-SCENARIOS = {
+SCENARIOS: dict[str, tuple[str, dict[str, Any], list[tuple[int, str, str, int]]]] = {
     # Four requests share a preamble; C samples twice (a fork, then copy-on-write); D, with another
     # preamble, takes the last never-used blocks, so later growth evicts cached blocks (least
     # recently freed first); E, after everyone else sharing it is gone, still finds the preamble cached.
@@ -205,7 +220,8 @@ def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movi
 
     title, engine, arrivals = SCENARIOS[which]
     llm, pending = LLM(**engine), sorted(arrivals, key=lambda a: a[0])
-    snapshots, skipped = [], 0
+    snapshots: list[StepSnapshot] = []
+    skipped = 0
     while (pending or llm.has_unfinished_requests()) and len(snapshots) < max_steps:
         if not llm.has_unfinished_requests():  # idle until the next arrival: skip the empty steps
             skipped = pending[0][0] - len(snapshots)
@@ -249,8 +265,18 @@ def draw_frame(movie: Movie, k: int, fig: Figure | None = None) -> Figure:
     usage = [(f.snapshot.step, movie.num_blocks - f.snapshot.num_free_blocks) for f in movie.frames]
     title = f"{movie.title}   (frame {k + 1} of {len(movie.frames)})"
     fig, tags = fig or new_frame(), block_tags(frame.events)
-    kw = dict(fig=fig, inks=movie.inks, caption=frame.caption, tags=tags, notes=notes, usage=usage)
-    return draw_step(frame.snapshot, movie.block_size, movie.names, title, **kw)
+    return draw_step(
+        frame.snapshot,
+        movie.block_size,
+        movie.names,
+        title,
+        fig=fig,
+        inks=movie.inks,
+        caption=frame.caption,
+        tags=tags,
+        notes=notes,
+        usage=usage,
+    )
 
 
 def animation(movie: Movie, fps: float = FPS, dpi: int = DPI) -> FuncAnimation:
@@ -271,7 +297,7 @@ def frame_png(movie: Movie, k: int, fig: Figure | None = None) -> bytes:
 def jshtml(movie: Movie, fps: float = FPS, dpi: int = DPI) -> str:
     """``to_jshtml()``'s player, every frame a PNG inside it, its icons drawn without the internet: a page's
     body, or a notebook output that plays without a kernel (``IPython.display.HTML(jshtml(movie))``)."""
-    player = re.sub(r"<link[^>]*font-awesome[^>]*>", "", animation(movie, fps, dpi).to_jshtml(fps=fps))
+    player = re.sub(r"<link[^>]*font-awesome[^>]*>", "", animation(movie, fps, dpi).to_jshtml(fps=fps))  # type: ignore[arg-type]  # stubs say int; matplotlib takes any fps (1000 / fps ms)
     return f"<style>\n{OFFLINE_CSS}\n</style>\n{player}"
 
 
@@ -280,7 +306,8 @@ def render(movie: Movie, path: str | Path, fps: float = FPS, dpi: int = DPI) -> 
     path = _checked(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".gif":
-        animation(movie, fps, dpi).save(path, writer=PillowWriter(fps=fps), dpi=dpi)
+        writer = PillowWriter(fps=fps)  # type: ignore[arg-type]  # stubs say int; a float fps works (1000 / fps ms)
+        animation(movie, fps, dpi).save(path, writer=writer, dpi=dpi)
         return path
     captions = "".join(f"<li>{html.escape(f.caption)}</li>\n" for f in movie.frames)
     path.write_text(
@@ -299,11 +326,11 @@ def _checked(path: str | Path) -> Path:
     return path
 
 
-def player(movie: Movie):
+def player(movie: Movie) -> ipywidgets.VBox:
     """A notebook player: Play button and step slider over the frames (each drawn once, when first shown)."""
     import ipywidgets as w
 
-    fig, cache = new_frame(), {}
+    fig, cache = new_frame(), dict[int, bytes]()
 
     def png(k: int) -> bytes:
         return cache[k] if k in cache else cache.setdefault(k, frame_png(movie, k, fig))

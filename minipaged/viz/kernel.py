@@ -17,7 +17,7 @@ from minipaged.kernels.tiled import kv_tiles, online_softmax_trace, program_read
 from minipaged.utils import cdiv
 from minipaged.viz.palette import FREE, WASTE, owner_color, text_color
 from minipaged.viz.slots import slot_grid
-from minipaged.viz.style import SMALL, new_figure
+from minipaged.viz.style import SMALL, new_figure, new_grid
 
 
 def _span(lo: int, hi: int) -> str:
@@ -60,8 +60,9 @@ def draw_launch_grid(
                 tokens = range(t * block_q, (t + 1) * block_q) if q_len is None else query_tile(q_len, t, block_q)
                 face = owner_color(s) if tokens else WASTE
                 idle_any |= not tokens
-                style = dict(ec="black", gid="program") if tokens else dict(ec="#777777", hatch="//", gid="idle")
-                ax.add_patch(Rectangle((x + 0.05, y + 0.05), cw - 0.1, ch - 0.1, fc=face, lw=1, **style))
+                ec, hatch, gid = ("black", None, "program") if tokens else ("#777777", "//", "idle")
+                cell = Rectangle((x + 0.05, y + 0.05), cw - 0.1, ch - 0.1, fc=face, lw=1, ec=ec, hatch=hatch, gid=gid)
+                ax.add_patch(cell)
                 at, ink = (x + cw / 2, y + ch * (0.72 if tokens else 0.5)), text_color(face)
                 ax.text(*at, f"({s},{h},{t})", ha="center", va="center", fontsize=SMALL + 1, color=ink, weight="bold")
                 if not tokens:
@@ -112,7 +113,7 @@ def draw_program_reads(
     step_of = {pos: i for i, tile in enumerate(tiles) for pos in tile}  # position -> loop step
     height = max(n_logical, num_blocks)
     ratios = dict(width_ratios=[block_size + 0.2, block_size + 4.3])
-    fig, (ax_l, ax_p) = new_figure(max(9.0, block_size + 8.0), 0.42 * height + 2.6, ncols=2, gridspec_kw=ratios)
+    fig, [[ax_l, ax_p]] = new_grid(max(9.0, block_size + 8.0), 0.42 * height + 2.6, ncols=2, gridspec_kw=ratios)
 
     def color(pos: int) -> str:
         return owner_color(step_of[pos]) if pos in step_of else FREE
@@ -148,8 +149,8 @@ def draw_program_reads(
         ax.set_axis_off()
 
     for j in range(min(n_logical, cdiv(kv_end, block_size))):  # logical block -> physical block
-        a, b = (block_size + 0.1, height - 0.5 - j), (-0.6, height - 0.5 - used[j])
-        arrow = ConnectionPatch(a, b, ax_l.transData, ax_p.transData, arrowstyle="-|>", color=color(j * block_size))
+        src, dst = (block_size + 0.1, height - 0.5 - j), (-0.6, height - 0.5 - used[j])
+        arrow = ConnectionPatch(src, dst, ax_l.transData, ax_p.transData, arrowstyle="-|>", color=color(j * block_size))
         fig.add_artist(arrow).set(lw=1.6, alpha=0.9, mutation_scale=14)
 
     handles = [Patch(fc=owner_color(i), label=f"step {i}: pos {_span(t[0], t[-1])}") for i, t in enumerate(tiles)]
@@ -173,13 +174,13 @@ def draw_online_softmax(scores: Sequence[float] | torch.Tensor, block_n: int, ti
     s = torch.as_tensor(scores, dtype=torch.float64).reshape(-1)
     n, tiles = s.numel(), kv_tiles(s.numel(), block_n)
     x, colors = list(range(n)), [owner_color(t) for t, tile in enumerate(tiles) for _ in tile]
-    fig, (ax1, ax2, ax3) = new_figure(max(8.0, 0.3 * n + 3.0), 7.8, nrows=3)
+    fig, [[ax1], [ax2], [ax3]] = new_grid(max(8.0, 0.3 * n + 3.0), 7.8, nrows=3)
 
     for bar in ax1.bar(x, s.tolist(), color=colors, edgecolor="white", width=0.85):
         bar.set_gid("score")
     for t, tile in enumerate(tiles):
         lo, hi, m = tile.start - 0.5, tile.stop - 0.5, tr["m"][t]
-        ax1.hlines(m, lo, hi, color="black", lw=2.5, label="running max m" if t == 0 else None)
+        ax1.hlines(m, lo, hi, color="black", lw=2.5, label="running max m" if t == 0 else "")  # "": no legend entry
         ax1.text((lo + hi) / 2, m, f"m={m:.2f}", ha="center", va="bottom", fontsize=SMALL + 1)
         if t:
             ax1.vlines(lo, tr["m"][t - 1], m, color="black", lw=2.5, linestyles=":")
@@ -197,8 +198,18 @@ def draw_online_softmax(scores: Sequence[float] | torch.Tensor, block_n: int, ti
         note = f"l={tr['l'][t]:.3f}"
         if t and tr["alpha"][t] < 1.0:
             note += f"\nold l x{tr['alpha'][t]:.2f}"  # the rescale a new max forced on the old sum
-        inside = dict(xytext=(0, -4), textcoords="offset points", ha="center", va="top", linespacing=1.1)
-        ax2.annotate(note, (t, tr["l"][t]), fontsize=SMALL + 1, color=text_color(owner_color(t)), **inside)
+        at, ink, below = (t, tr["l"][t]), text_color(owner_color(t)), (0, -4)
+        ax2.annotate(
+            note,
+            at,
+            xytext=below,
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            linespacing=1.1,
+            fontsize=SMALL + 1,
+            color=ink,
+        )
     ax2.set_xticks(range(len(tiles)), [f"after tile {t}" for t in range(len(tiles))])
     ax2.set(ylim=(0, 1.3 * max(full_sum, max(tr["l"]))), ylabel="running sum l")
     ax2.legend(loc="upper left", frameon=False)

@@ -8,6 +8,7 @@ systems side by side. Patches carry a ``gid`` (``"used"``, ``"empty"``, ``"hole"
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -15,7 +16,10 @@ from matplotlib.patches import Patch, Rectangle
 
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
 from minipaged.viz.palette import EMPTY_HATCH, FREE, WASTE, owner_inks, series_color
-from minipaged.viz.style import FONT_SIZE, SMALL, box, new_figure
+from minipaged.viz.style import FONT_SIZE, SMALL, box, new_figure, new_grid
+
+if TYPE_CHECKING:
+    from matplotlib.typing import LineStyleType
 
 
 def draw_memory_map(
@@ -35,7 +39,8 @@ def draw_memory_map(
     external fragmentation. Owners are written on reservations at least ``label_min_frac`` wide.
     """
     if isinstance(memory, ContiguousKVCache):
-        memory, used = memory.arena, memory.num_tokens
+        used = memory.num_tokens
+        memory = memory.arena
     reservations, holes = memory.reservations(), memory.holes()
     tokens = {o: max(0, min(int((used or {}).get(o, 0)), size)) for o, (_, size) in reservations.items()}
     total = memory.num_slots if num_slots is None else num_slots
@@ -90,10 +95,10 @@ def draw_waste(
     return fig
 
 
-LINESTYLES = {"paged": "--", "contiguous, max_seq_len": "-", "contiguous, exact": "-."}
+LINESTYLES: dict[str, LineStyleType] = {"paged": "--", "contiguous, max_seq_len": "-", "contiguous, exact": "-."}
 
 
-def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str | None = None) -> Figure:
+def draw_fragmentation(result: Mapping[str, Any], num_slots: int | None = None, title: str | None = None) -> Figure:
     """Memory systems side by side over one replay: memory holding tokens, external fragmentation, admissions.
 
     ``result``: :func:`minipaged.sim.simulate_contiguous_vs_paged`'s output, or any ``{label: series}``
@@ -106,18 +111,19 @@ def draw_fragmentation(result: Mapping, num_slots: int | None = None, title: str
     systems = {k: v for k, v in result.items() if k not in ("time", "totals", "reserve")}
     if not systems:
         raise ValueError("nothing to draw: no series in result")
-    fig, axes = new_figure(12, 7.6, nrows=3, sharex=True)
+    fig, grid = new_grid(12, 7.6, nrows=3, sharex=True)
+    axes = [row[0] for row in grid]
     scale = 100 / num_slots if num_slots else 1
-    handles = []
+    handles: list[Line2D] = []
     for name, series in systems.items():
         label = f"{name}, {result['reserve']}" if name == "contiguous" and "reserve" in result else name
-        style = dict(color=series_color(label), linestyle=LINESTYLES.get(label, LINESTYLES.get(name, "-")))
+        color, ls = series_color(label), LINESTYLES.get(label, LINESTYLES.get(name, "-"))
         x = range(len(series["admitted"]))  # each replay runs until its own last request is done
-        axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, **style)
-        axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, color=style["color"], linestyle=":")
-        axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, **style)
-        axes[2].plot(x, series["admitted"], lw=2.2, label=label, **style)
-        handles.append(Line2D([], [], lw=2.5, label=label, **style))
+        axes[0].plot(x, [v * scale for v in series["used_slots"]], lw=2.2, color=color, linestyle=ls)
+        axes[0].plot(x, [v * scale for v in series["allocated_slots"]], lw=1.2, color=color, linestyle=":")
+        axes[1].plot(x, [100 * v for v in series["external_fragmentation"]], lw=2, color=color, linestyle=ls)
+        axes[2].plot(x, series["admitted"], lw=2.2, label=label, color=color, linestyle=ls)
+        handles.append(Line2D([], [], lw=2.5, label=label, color=color, linestyle=ls))
     handles.append(Line2D([], [], color="black", lw=2.2, label="thick: holds tokens"))
     handles.append(Line2D([], [], color="black", lw=1.2, linestyle=":", label="dotted: allocated"))
     axes[0].set(ylabel="% of KV memory" if num_slots else "slots", ylim=(0, None))

@@ -13,107 +13,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
+from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch
 
 from minipaged.kv.block_pool import BlockPool
+from minipaged.kv.block_table import BlockTable
 from minipaged.viz.palette import CACHED, CACHED_HATCH, FREE, IN_USE, MUTED, SHARED, Ink, natural_order, owner_inks
+from minipaged.viz.pool_state import (  # noqa: F401  (re-exported: the pictures' names)
+    K,
+    Labels,
+    OwnerLabel,
+    PoolState,
+    Table,
+    _fill,
+    owner_lists,
+    owners_from_tables,
+)
 from minipaged.viz.style import EDGE, FONT_SIZE, HALO, SMALL, box, new_figure
 
 LEGEND_MAX = 16  # owners listed in a legend; more are summed up in one line
 COMPRESS_AT, RUN_MIN, RUN_W = 12, 3, 3.0  # tables longer than 12 draw a run of >= 3 shared blocks as one cell
-Labels = Mapping[Hashable, str] | Sequence[str] | None
-
-
-def owners_from_tables(block_tables: Mapping[Hashable, Sequence[int]]) -> dict[int, list[Hashable]]:
-    """block id -> the owners whose tables (lists of block ids, or ``BlockTable``s) hold it, in table order."""
-    owners: dict[int, list[Hashable]] = {}
-    for owner, table in block_tables.items():
-        for b in getattr(table, "block_ids", table):
-            if owner not in owners.setdefault(int(b), []):
-                owners[int(b)].append(owner)
-    return owners
-
-
-@dataclass
-class PoolState:
-    """A block pool in plain form: per block ``ref_cnt`` and ``cached``, the free queue's order
-    (``free_order[0]`` is handed out next; None: unknown), block id -> its ``owners`` (an owner, or a
-    list for a shared block) and, when built from block tables, ``tables`` (owner -> block ids) and
-    ``num_tokens`` (-1: unknown)."""
-
-    ref_cnt: list[int]
-    cached: list[bool] = field(default_factory=list)
-    free_order: list[int] | None = None
-    owners: dict[int, list[Hashable]] = field(default_factory=dict)
-    tables: dict[Hashable, list[int]] = field(default_factory=dict)
-    num_tokens: dict[Hashable, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.owners = {int(b): list(o) if isinstance(o, (list, tuple)) else [o] for b, o in self.owners.items()}
-
-    @classmethod
-    def from_pool(cls, pool: BlockPool, owners: Mapping | None = None) -> PoolState:
-        """From a ``BlockPool`` (its ``ref_cnt``, cached hashes and free queue) and ``owners``."""
-        cached = [b.block_hash is not None for b in pool.blocks]
-        return cls([b.ref_cnt for b in pool.blocks], cached, [b.block_id for b in pool.free_queue], dict(owners or {}))
-
-    @classmethod
-    def from_tables(
-        cls, tables: Mapping, num_tokens: Mapping | None = None, ref_cnt=None, cached=None, labels: Labels = None
-    ) -> PoolState:
-        """From ``key -> block ids``, and optionally ``key -> tokens``, per-block ``ref_cnt`` (default:
-        how many tables hold the block) and ``cached``. ``labels`` names the owners: key -> label, or
-        labels in key order (default: a string key is its own label, an int key ``k`` is ``seq k``)."""
-        keys = list(tables)
-        if labels is not None and not isinstance(labels, Mapping) and len(labels) < len(keys):
-            raise ValueError(f"{len(labels)} labels for {len(keys)} block tables")
-        named = labels if isinstance(labels, Mapping) or labels is None else dict(zip(keys, labels))
-        names = [str((named or {}).get(k, k if isinstance(k, str) else f"seq {k}")) for k in keys]
-        if len(set(names)) != len(names):
-            raise ValueError(f"labels must be distinct, got {names}")
-        ids = {n: [int(b) for b in getattr(tables[k], "block_ids", tables[k])] for n, k in zip(names, keys)}
-        given = num_tokens or {}
-        tokens = {n: -1 if given.get(k) is None else int(given[k]) for n, k in zip(names, keys)}
-        owners = owners_from_tables(ids)
-        highest = max(owners, default=-1)
-        ref_cnt = [int(r) for r in ref_cnt] if ref_cnt else [len(owners.get(b, [])) for b in range(highest + 1)]
-        if highest >= len(ref_cnt):
-            raise ValueError(f"block {highest} is outside the {len(ref_cnt)} blocks of ref_cnt")
-        cached = ([bool(c) for c in cached or []] + [False] * len(ref_cnt))[: len(ref_cnt)]
-        return cls(ref_cnt, cached, None, owners, ids, tokens)
-
-    @classmethod
-    def from_snapshot(cls, snapshot, labels: Labels = None) -> PoolState:
-        """From an engine ``StepSnapshot``: its block tables, token counts, ``ref_cnt`` and ``cached``."""
-        return cls.from_tables(snapshot.block_tables, snapshot.num_tokens, snapshot.ref_cnt, snapshot.cached, labels)
-
-    def is_cached(self, b: int) -> bool:
-        """Free, but still holding a cached prefix."""
-        return self.ref_cnt[b] == 0 and b < len(self.cached) and self.cached[b]
-
-    def shared_blocks(self) -> set[int]:
-        """Blocks with ``ref_cnt > 1`` or more than one owner."""
-        return {b for b, o in self.owners.items() if len(o) > 1} | {b for b, r in enumerate(self.ref_cnt) if r > 1}
-
-    def block_fill(self, block_size: int) -> dict[int, float]:
-        """Block -> the share of its slots that hold tokens (its fullest holder's view; unknown: full)."""
-        out: dict[int, float] = {}
-        for owner, table in self.tables.items():
-            for j, b in enumerate(table):
-                out[b] = max(out.get(b, 0.0), _fill(self.num_tokens.get(owner, -1), j, block_size))
-        return out
-
-
-def _fill(num_tokens: int, j: int, block_size: int) -> float:
-    """The share of logical block ``j`` of a sequence of ``num_tokens`` tokens that holds tokens (-1: full)."""
-    return 1.0 if num_tokens < 0 else min(block_size, max(0, num_tokens - j * block_size)) / block_size
 
 
 def pool_grid(
-    ax, pool: PoolState, inks: Mapping, ncols: int, *, top=0.0, x0=0.0, fill=None, tags=None, label=str, size=SMALL + 1
+    ax: Axes,
+    pool: PoolState,
+    inks: Mapping[Hashable, Ink],
+    ncols: int,
+    *,
+    top: float = 0.0,
+    x0: float = 0.0,
+    fill: Mapping[int, float] | None = None,
+    tags: Mapping[int, str] | None = None,
+    label: OwnerLabel | None = str,
+    size: float = SMALL + 1,
 ) -> dict[int, tuple[float, float]]:
     """Every block of ``pool`` as a unit cell, block 0 at (``x0``, ``top - 1``), rows going down.
 
@@ -123,19 +60,20 @@ def pool_grid(
     Its colour is its first owner's (``inks``), its filled share ``fill[b]`` (default: full).
     Returns block -> (x, y) of its cell.
     """
-    queue, xy = {b: i for i, b in enumerate(pool.free_order or [])}, {}
+    queue = {b: i for i, b in enumerate(pool.free_order or [])}
+    xy: dict[int, tuple[float, float]] = {}
     for b, rc in enumerate(pool.ref_cnt):
         x, y = xy[b] = x0 + b % ncols, top - 1 - b // ncols
         who = pool.owners.get(b, []) if rc else []
         ink = inks[who[0]] if who else Ink(IN_USE) if rc else Ink(FREE)
         ink = Ink(CACHED, CACHED_HATCH) if pool.is_cached(b) else ink
-        edge = dict(ec=SHARED, lw=3.5) if rc > 1 else dict(ec=EDGE, lw=1)
-        box(ax, (x + 0.05, y + 0.05, 0.9, 0.9), ink, (fill or {}).get(b, 1.0), gid="block", **edge)
+        ec, lw = (SHARED, 3.5) if rc > 1 else (EDGE, 1.0)
+        box(ax, (x + 0.05, y + 0.05, 0.9, 0.9), ink, (fill or {}).get(b, 1.0), gid="block", ec=ec, lw=lw)
         shared = f"×{rc}" if rc > 1 else ""
         names = ",".join(map(label, who)) if label else shared
         middle = (tags or {}).get(b) or (names[:5] + "…" if len(names) > 6 else names)
         corner = shared if middle != shared else f"q{queue[b]}" if rc == 0 and b in queue else ""
-        text = dict(path_effects=HALO, color="black" if rc else MUTED, weight="bold")
+        text: dict[str, Any] = dict(path_effects=HALO, color="black" if rc else MUTED, weight="bold")
         ax.text(x + 0.5, y + 0.45, middle, ha="center", va="center", fontsize=size + 2 * (len(middle) <= 3), **text)
         ax.text(x + 0.1, y + 0.88, str(b), ha="left", va="top", fontsize=size - 1, **{**text, "weight": "normal"})
         ax.text(x + 0.9, y + 0.1, corner, ha="right", va="bottom", fontsize=size - 1, **text)
@@ -144,7 +82,8 @@ def pool_grid(
 
 def _segments(table: Sequence[int], shared: set[int], compress: bool) -> list[tuple[float, float, int, list[int]]]:
     """(x, width, first logical index, block ids) per cell of a table; a run of shared blocks may be one wide cell."""
-    out, x, j = [], 0.0, 0
+    out: list[tuple[float, float, int, list[int]]] = []
+    x, j = 0.0, 0
     while j < len(table):
         k = j
         while compress and k < len(table) and table[k] in shared:
@@ -155,13 +94,23 @@ def _segments(table: Sequence[int], shared: set[int], compress: bool) -> list[tu
     return out
 
 
-def table_width(tables: Mapping[Hashable, Sequence[int]], shared: set[int]) -> float:
+def table_width(tables: Mapping[K, Sequence[int]], shared: set[int]) -> float:
     """How wide :func:`table_rows` draws the longest of ``tables`` (in cells)."""
     compress = max(map(len, tables.values()), default=0) > COMPRESS_AT
     return max((sum(s[1] for s in _segments(t, shared, compress)) for t in tables.values()), default=0.0)
 
 
-def table_rows(ax, pool: PoolState, block_size: int, inks: Mapping, *, top=0.0, label=str, notes=None, size=SMALL + 1):
+def table_rows(
+    ax: Axes,
+    pool: PoolState,
+    block_size: int,
+    inks: Mapping[Hashable, Ink],
+    *,
+    top: float = 0.0,
+    label: OwnerLabel = str,
+    notes: Mapping[Hashable, str] | None = None,
+    size: float = SMALL + 1,
+) -> None:
     """One row of unit cells per table of ``pool``, going down from ``top``: the owner's name, then its blocks.
 
     A cell shows a physical block id; its coloured part holds tokens. A shared block is outlined
@@ -178,8 +127,9 @@ def table_rows(ax, pool: PoolState, block_size: int, inks: Mapping, *, top=0.0, 
             if len(ids) > 1:
                 consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
                 fill, text, gid = 1.0, f"{ids[0]}–{ids[-1]}" if consecutive else f"{len(ids)} blocks", "table_run"
-            edge, end = dict(ec=SHARED, lw=3.5) if ids[0] in shared else dict(ec=EDGE, lw=1.3), x + w
-            box(ax, (x + 0.07, y + 0.07, w - 0.14, 0.86), inks[owner], fill, text=text, gid=gid, fontsize=size, **edge)
+            (ec, lw), end = (SHARED, 3.5) if ids[0] in shared else (EDGE, 1.3), x + w
+            cell = (x + 0.07, y + 0.07, w - 0.14, 0.86)
+            box(ax, cell, inks[owner], fill, text=text, gid=gid, fontsize=size, ec=ec, lw=lw)
         if notes and notes.get(owner):
             ax.text(end + 0.2, y + 0.5, notes[owner], ha="left", va="center", fontsize=size - 1, color=MUTED)
 
@@ -223,9 +173,9 @@ def draw_pool(
     if isinstance(pool, BlockPool):
         pool = PoolState.from_pool(pool, owners)
     elif not isinstance(pool, PoolState):
-        pool = PoolState([int(r) for r in pool], owners=dict(owners or {}))
+        pool = PoolState([int(r) for r in pool], owners=owner_lists(owners))
     elif owners is not None:
-        pool = replace(pool, owners=dict(owners))
+        pool = replace(pool, owners=owner_lists(owners))
     order = (list(free_order) if free_order is not None else pool.free_order) if show_free_order else None
     pool = replace(pool, cached=list(cached) if cached is not None else pool.cached, free_order=order)
     num_blocks = len(pool.ref_cnt)
@@ -252,15 +202,22 @@ def draw_pool(
     return fig
 
 
-def _tables_of(tables: Mapping, block_size: int, num_tokens: Mapping | None) -> dict[Hashable, tuple[list[int], int]]:
+TableWithTokens = BlockTable | tuple[Sequence[int], int] | Sequence[int]  # see draw_block_tables
+
+
+def _tables_of(
+    tables: Mapping[K, TableWithTokens], block_size: int, num_tokens: Mapping[K, int] | None
+) -> dict[K, tuple[list[int], int]]:
     """name -> (block ids, tokens) from BlockTables, (ids, tokens) pairs, or id lists + ``num_tokens``."""
-    out = {}
+    out: dict[K, tuple[list[int], int]] = {}
     for name, t in tables.items():
-        if hasattr(t, "block_ids") and hasattr(t, "num_tokens"):
-            ids, n = list(t.block_ids), int(t.num_tokens)
+        block_ids, tokens = getattr(t, "block_ids", None), getattr(t, "num_tokens", None)
+        if block_ids is not None and tokens is not None:  # a BlockTable, or any object like one
+            ids, n = list(block_ids), int(tokens)
         elif isinstance(t, tuple) and len(t) == 2 and not isinstance(t[0], int):
             ids, n = list(t[0]), int(t[1])
         else:
+            assert not isinstance(t, BlockTable)  # it has block_ids and num_tokens: the first case
             ids = list(t)
             n = int(num_tokens[name]) if num_tokens and name in num_tokens else len(ids) * block_size
         if n > len(ids) * block_size:
@@ -270,10 +227,10 @@ def _tables_of(tables: Mapping, block_size: int, num_tokens: Mapping | None) -> 
 
 
 def draw_block_tables(
-    tables: Mapping,
+    tables: Mapping[K, TableWithTokens],
     block_size: int,
     num_blocks: int,
-    num_tokens: Mapping[Hashable, int] | None = None,
+    num_tokens: Mapping[K, int] | None = None,
     ref_cnt: Sequence[int] | None = None,
     ncols: int | None = None,
     title: str | None = None,
@@ -308,23 +265,24 @@ def draw_block_tables(
     height, width = max(logical_rows, pool_rows), PX + ncols * (PW + PGAP)
     fig, ax = new_figure(max(10.0, 0.75 * width + 2.0), 0.5 * height + 1.8)
 
-    def slotted(x: float, y: float, w: float, n_filled: int, ink: Ink, **kw) -> None:
+    def slotted(x: float, y: float, w: float, n_filled: int, ink: Ink, **kw: Any) -> None:
         """A block of ``block_size`` slots, the first ``n_filled`` coloured, with thin lines between slots."""
         box(ax, (x, y, w, 0.7), ink, n_filled / block_size, **kw)
         dividers = [x + w * s / block_size for s in range(1, block_size)] if block_size <= 64 else []
         ax.vlines(dividers, y, y + 0.7, color="#BBBBBB", lw=0.4)
 
-    pool_top, pool_xy = height - (height - pool_rows) / 2, {}
+    pool_top = height - (height - pool_rows) / 2
+    pool_xy: dict[int, tuple[float, float]] = {}
     for b in range(num_blocks):  # the pool, top-down, column-major so that ncols=1 is a plain column
         x, y = pool_xy[b] = PX + b // pool_rows * (PW + PGAP), pool_top - b % pool_rows - 0.85
         who = users.get(b, [])
         rc = ref_cnt[b] if ref_cnt is not None and b < len(ref_cnt) else len(who)
-        edge = dict(ec=SHARED, lw=3.5) if len(who) > 1 or rc > 1 else dict(ec=EDGE, lw=1.2)
+        ec, lw = (SHARED, 3.5) if len(who) > 1 or rc > 1 else (EDGE, 1.2)
         ink = inks[who[0]] if who else Ink(IN_USE)
-        slotted(x, y, PW, filled[b] if who else block_size * (rc > 0), ink, gid="physical", **edge)
-        style = dict(weight="bold" if who else "normal", color="black" if (who or rc) else "#888888")
-        ax.text(x - 0.1, y + 0.35, str(b), ha="right", va="center", fontsize=FONT_SIZE - 3, **style)
-    y, tip = height - (height - logical_rows) / 2, dict(arrowstyle="-|>", mutation_scale=14)
+        slotted(x, y, PW, filled[b] if who else block_size * (rc > 0), ink, gid="physical", ec=ec, lw=lw)
+        weight, color = "bold" if who else "normal", "black" if (who or rc) else "#888888"
+        ax.text(x - 0.1, y + 0.35, str(b), ha="right", va="center", fontsize=FONT_SIZE - 3, weight=weight, color=color)
+    y, tip = height - (height - logical_rows) / 2, "-|>"
     for name, (ids, n) in seqs.items():  # the sequences, top-down
         if not ids:
             y -= 1
@@ -336,8 +294,11 @@ def draw_block_tables(
             ax.text(-0.15, yb + 0.35, f"{name} #{j}", ha="right", va="center", fontsize=FONT_SIZE - 2)
             box(ax, (TX, yb, TW, 0.7), Ink("white"), text=str(b), ec=ink.color, lw=2, gid="table", fontsize=13)
             end = (pool_xy[b][0] - 0.55, pool_xy[b][1] + 0.35)
-            ax.add_patch(FancyArrowPatch((LW + 0.1, yb + 0.35), (TX - 0.05, yb + 0.35), color="#666666", lw=1, **tip))
-            ax.add_patch(FancyArrowPatch((TX + TW + 0.05, yb + 0.35), end, color=ink.color, lw=1.8, gid="arrow", **tip))
+            start, into = (LW + 0.1, yb + 0.35), (TX - 0.05, yb + 0.35)
+            ax.add_patch(FancyArrowPatch(start, into, arrowstyle=tip, mutation_scale=14, color="#666666", lw=1))
+            start = (TX + TW + 0.05, yb + 0.35)
+            arrow = FancyArrowPatch(start, end, arrowstyle=tip, mutation_scale=14, color=ink.color, lw=1.8, gid="arrow")
+            ax.add_patch(arrow)
         y -= 0.6
     heads = {"logical blocks": LW / 2, "block table": TX + TW / 2, "physical blocks": (PX + width - PGAP) / 2}
     for label, x in heads.items():

@@ -10,31 +10,56 @@ Tables and pool are :mod:`minipaged.viz.pool`'s; copy arrows have the gid ``"cop
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Patch
 
+from minipaged.engine.outputs import StepSnapshot
 from minipaged.utils import cdiv
-from minipaged.viz.palette import MUTED, PAGED, SHARED, owner_inks
+from minipaged.viz.palette import MUTED, PAGED, SHARED, Ink, owner_inks
 from minipaged.viz.pool import Labels, PoolState, pool_grid, pool_legend, table_rows, table_width
-from minipaged.viz.style import EDGE, FONT_SIZE, MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure
+from minipaged.viz.style import EDGE, FONT_SIZE, MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure, new_grid
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+# A state to draw: a snapshot, a PoolState, or a (block_tables, num_tokens, ref_cnt, cached) tuple
+# whose trailing items may be left out (items of PoolState.from_tables' types).
+State = PoolState | StepSnapshot | Sequence[Any]
 
 
-def as_state(state, labels: Labels = None) -> PoolState:
+class _Geometry(TypedDict):
+    shown: int  # blocks of the pool drawn
+    ncols: int  # columns of the pool
+    rows: int
+    pool_x: float  # where the pool starts
+    label_w: float  # room for the row labels, left of x = 0
+    width: float
+
+
+def _is_snapshot(state: State) -> TypeIs[StepSnapshot]:
+    """A ``StepSnapshot``, or any object like one (it has ``block_tables``)."""
+    return hasattr(state, "block_tables")
+
+
+def as_state(state: State, labels: Labels = None) -> PoolState:
     """A :class:`~minipaged.viz.pool.PoolState` with tables, from a ``StepSnapshot``-like object or a
     ``(block_tables, num_tokens, ref_cnt, cached)`` tuple (trailing items may be left out).
     ``labels`` names the sequences: key -> label, or labels in table order (default ``seq <key>``)."""
     if isinstance(state, PoolState):
         return state
-    if hasattr(state, "block_tables"):
+    if _is_snapshot(state):
         return PoolState.from_snapshot(state, labels)
     tables, num_tokens, ref_cnt, cached = (tuple(state) + (None, None, None))[:4]
     return PoolState.from_tables(tables, num_tokens, ref_cnt, cached, labels)
 
 
-def sharing_summary(state, block_size: int | None = None) -> dict:
+def sharing_summary(state: State, block_size: int | None = None) -> dict[str, Any]:
     """Numbers behind the pictures, from the block tables alone (``state`` as in :func:`as_state`).
 
     ``blocks_in_use``: distinct blocks the tables hold; ``blocks_without_sharing``: what they would
@@ -52,17 +77,17 @@ def sharing_summary(state, block_size: int | None = None) -> dict:
     return out | ({"tokens_shared": len(shared) * block_size} if block_size is not None else {})
 
 
-def copies_between(before: PoolState, after: PoolState) -> list[tuple[str, int, int, int]]:
+def copies_between(before: PoolState, after: PoolState) -> list[tuple[Hashable, int, int, int]]:
     """(sequence, logical block, old block, new block) for every block copy-on-write replaced: a table
     entry that changed from a block shared in ``before`` (``ref_cnt > 1``) to another block."""
-    out = []
+    out: list[tuple[Hashable, int, int, int]] = []
     for name, new in after.tables.items():
         old = before.tables.get(name, [])
         out += [(name, j, a, b) for j, (a, b) in enumerate(zip(old, new)) if a != b and before.ref_cnt[a] > 1]
     return out
 
 
-def _geometry(states: list[PoolState], ncols: int | None, max_blocks: int | None, show_tokens: bool) -> dict:
+def _geometry(states: list[PoolState], ncols: int | None, max_blocks: int | None, show_tokens: bool) -> _Geometry:
     """Where the parts of a panel go, the same for every state, in data units where a block is 1 x 1:
     row labels left of x = 0 (``label_w``), tables from 0, the pool's ``ncols`` columns from ``pool_x``;
     ``rows`` rows. A pool bigger than ``max_blocks`` is ``shown`` up to its last block in use, plus a row."""
@@ -74,31 +99,41 @@ def _geometry(states: list[PoolState], ncols: int | None, max_blocks: int | None
     tables = max(table_width(st.tables, st.shared_blocks()) for st in states)
     pool_x = max(tables, 2) + (2.8 if show_tokens else 0.3) + 1.0
     rows = max(max(len(st.tables) for st in states), cdiv(shown, ncols))
-    label_w = 0.34 * max((len(name) for st in states for name in st.tables), default=3) + 0.6
-    return dict(shown=shown, ncols=ncols, rows=rows, pool_x=pool_x, label_w=label_w, width=pool_x + ncols)
+    label_w = 0.34 * max((len(str(name)) for st in states for name in st.tables), default=3) + 0.6
+    return _Geometry(shown=shown, ncols=ncols, rows=rows, pool_x=pool_x, label_w=label_w, width=pool_x + ncols)
 
 
-def _scaled(g: dict, heights: float, extra_h: float, **kwargs) -> tuple:
-    """A figure as big as fits MAX_WIDTH x MAX_HEIGHT (``extra_h`` inches for titles and legend), its
-    axes and a font size that grows with the blocks, never under SMALL + 1."""
+def _scaled(g: _Geometry, heights: float, extra_h: float) -> tuple[float, float, float]:
+    """A figure's width and height, as big as fits MAX_WIDTH x MAX_HEIGHT (``extra_h`` inches for
+    titles and legend), and a font size that grows with the blocks, never under SMALL + 1."""
     width = g["width"] + g["label_w"] + 0.5
     scale = min(0.62, (MAX_WIDTH - 0.5) / width, (MAX_HEIGHT - extra_h) / heights)
-    fig, axes = new_figure(width * scale + 0.4, heights * scale + extra_h, **kwargs)
-    return fig, axes, max(SMALL + 1.0, min(FONT_SIZE + 2.0, scale * 72 * 0.36))
+    return width * scale + 0.4, heights * scale + extra_h, max(SMALL + 1.0, min(FONT_SIZE + 2.0, scale * 72 * 0.36))
 
 
-def _panel(ax, st: PoolState, g: dict, block_size: int, inks, font: float, show_tokens: bool, top: float, head: bool):
+def _panel(
+    ax: Axes,
+    st: PoolState,
+    g: _Geometry,
+    block_size: int,
+    inks: Mapping[Hashable, Ink],
+    font: float,
+    show_tokens: bool,
+    top: float,
+    head: bool,
+) -> dict[int, tuple[float, float]]:
     """Tables (left) and pool (right) on ``ax``, up to y = ``top``; returns block id -> (x, y) of its pool cell."""
     counts = set(st.num_tokens.values())
     same = len(st.tables) > 1 and len(counts) == 1 and min(counts) >= 0  # say it once, not on every row
     notes = {k: f"{n} tokens" + " each" * same for i, (k, n) in enumerate(st.num_tokens.items()) if i == 0 or not same}
     notes = {k: v for k, v in notes.items() if show_tokens and st.num_tokens[k] >= 0}
     table_rows(ax, st, block_size, inks, top=g["rows"], notes=notes, size=font)
-    shown, rows, text = g["shown"], g["rows"], dict(va="center", fontsize=font - 1, color=MUTED)
+    shown, rows = g["shown"], g["rows"]
+    text: dict[str, Any] = dict(va="center", fontsize=font - 1, color=MUTED)
     pool_top = rows - max(0, rows - cdiv(shown, g["ncols"])) / 2
     pool = PoolState(st.ref_cnt[:shown], st.cached[:shown], None, st.owners)
-    grid = dict(top=pool_top, x0=g["pool_x"], fill=st.block_fill(block_size), label=None, size=font)
-    xy = pool_grid(ax, pool, inks, g["ncols"], **grid)
+    fill = st.block_fill(block_size)
+    xy = pool_grid(ax, pool, inks, g["ncols"], top=pool_top, x0=g["pool_x"], fill=fill, label=None, size=font)
     longest = max(map(len, st.tables.values()), default=0)
     if head:
         ax.text(g["pool_x"], rows + 0.3, "physical blocks (the pool)", ha="left", **{**text, "color": "black"})
@@ -117,16 +152,16 @@ def _panel(ax, st: PoolState, g: dict, block_size: int, inks, font: float, show_
     return xy
 
 
-def _legend(fig: Figure, states: list[PoolState], inks, font: float, cow: bool = False) -> None:
+def _legend(fig: Figure, states: list[PoolState], inks: Mapping[Hashable, Ink], font: float, cow: bool = False) -> None:
     # One entry per sequence while there are few; beyond that the row labels name them.
     entries = {h.get_label(): h for st in states for h in pool_legend(inks if len(inks) <= 12 else {}, st)}
-    handles = [*entries.values(), Patch(fc="white", ec=EDGE, label="empty slots (white part)")]
+    handles: list[Artist] = [*entries.values(), Patch(fc="white", ec=EDGE, label="empty slots (white part)")]
     handles += [Line2D([], [], color=SHARED, lw=2.5, marker=">", label="copy-on-write copy")] * cow
     fig.legend(handles=handles, frameon=False, loc="outside lower center", ncols=4, fontsize=font - 1)
 
 
 def draw_shared_pool(
-    state,
+    state: State,
     labels: Labels = None,
     *,
     block_size: int = 16,
@@ -148,7 +183,8 @@ def draw_shared_pool(
     """
     st = as_state(state, labels)
     g, inks = _geometry([st], ncols, max_blocks, show_tokens), owner_inks(st.tables)
-    fig, ax, font = _scaled(g, g["rows"] + 1.1, 1.7)
+    width, height, font = _scaled(g, g["rows"] + 1.1, 1.7)
+    fig, ax = new_figure(width, height)
     _panel(ax, st, g, block_size, inks, font, show_tokens, g["rows"] + 0.7, head=True)
     s, hits = sharing_summary(st), f" · prefix hit rate {hit_rate:.0%}" if hit_rate is not None else ""
     n, shared = s["num_tables"], len(s["shared_blocks"])
@@ -160,7 +196,7 @@ def draw_shared_pool(
 
 
 def draw_cow_steps(
-    frames: Sequence,
+    frames: Sequence[State],
     labels: Labels = None,
     *,
     block_size: int = 16,
@@ -182,15 +218,19 @@ def draw_cow_steps(
     copies = [copies_between(states[k - 1], st) if k else [] for k, st in enumerate(states)]
     # Room above each panel's content: column headers (first panel), copy arrows (panels with copies).
     tops = [g["rows"] + (0.7 if k == 0 else 0.15) + (1.0 if copies[k] else 0) for k in range(len(states))]
-    grid = dict(nrows=len(states), squeeze=False, gridspec_kw=dict(height_ratios=[t + 0.3 for t in tops]))
-    fig, axes, font = _scaled(g, sum(tops) + 0.3 * len(states), 1.0 + 0.55 * len(states), **grid)
-    for k, (ax, st) in enumerate(zip(axes[:, 0], states)):
+    width, height, font = _scaled(g, sum(tops) + 0.3 * len(states), 1.0 + 0.55 * len(states))
+    ratios = dict(height_ratios=[t + 0.3 for t in tops])
+    fig, axes = new_grid(width, height, nrows=len(states), gridspec_kw=ratios)
+    for k, (ax, st) in enumerate(zip([row[0] for row in axes], states)):
         xy = _panel(ax, st, g, block_size, inks, font, True, tops[k], head=k == 0)
         for _, _, a, b in copies[k]:
             (xa, ya), (xb, yb) = xy[a], xy[b]
             rad = min(0.45, 1.8 / max(abs(xb - xa), 1)) if abs(ya - yb) < 1e-9 else 0.2  # arcs at most ~0.9 high
-            arc = dict(connectionstyle=f"arc3,rad={-rad if xb > xa else rad}", shrinkA=2, shrinkB=2, gid="copy_arrow")
-            arrow = FancyArrowPatch((xa + 0.5, ya + 0.95), (xb + 0.5, yb + 0.95), arrowstyle="-|>", **arc)
+            arc = f"arc3,rad={-rad if xb > xa else rad}"
+            ends = (xa + 0.5, ya + 0.95), (xb + 0.5, yb + 0.95)
+            arrow = FancyArrowPatch(
+                *ends, arrowstyle="-|>", connectionstyle=arc, shrinkA=2, shrinkB=2, gid="copy_arrow"
+            )
             ax.add_patch(arrow).set(mutation_scale=22, color=SHARED, lw=2.5)
         moved = ", ".join(f"{n}: {a} → {b}" for n, _, a, b in copies[k])
         head = titles[k] if titles is not None else f"frame {k}" + (f" — copy-on-write: {moved}" if moved else "")
@@ -228,8 +268,17 @@ def draw_savings(
     for (label, fmt, color, gid, values), offset in zip(lines, (apart, -apart)):
         ys = [100 * v for v in values]
         ax.plot(ns, ys, fmt, color=color, lw=3, ms=9, label=label, gid=gid)
-        at = dict(xytext=(10, offset), textcoords="offset points", va="center", fontsize=big, weight="bold")
-        ax.annotate(f"{ys[-1]:.0f}%", (ns[-1], ys[-1]), color=color, **at)
+        at, beside = (ns[-1], ys[-1]), (10, offset)
+        ax.annotate(
+            f"{ys[-1]:.0f}%",
+            at,
+            xytext=beside,
+            textcoords="offset points",
+            va="center",
+            fontsize=big,
+            weight="bold",
+            color=color,
+        )
     if limit is not None:
         label = f"memory saved as N → ∞ ({limit:.0%})"
         ax.axhline(100 * limit, color="#555555", ls=":", lw=2.5, label=label, gid="limit")

@@ -9,8 +9,10 @@ paged against contiguous. :func:`seq_names` names sequences (``R3``: request 3; 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
@@ -19,12 +21,15 @@ from matplotlib.ticker import MaxNLocator
 from minipaged.utils import cdiv
 from minipaged.viz.palette import PAGED, STATE_COLORS, Ink, owner_inks, series_color
 from minipaged.viz.pool import PoolState, owners_from_tables, pool_grid, pool_legend, table_rows
-from minipaged.viz.style import MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure
+from minipaged.viz.style import MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure, new_grid
+
+if TYPE_CHECKING:
+    from minipaged.engine.outputs import StepSnapshot
 
 CAPTION_BOX = dict(boxstyle="round,pad=0.5", fc="#F3F3F3", ec="none")
 
 
-def seq_names(snapshots: Sequence, request_name: Callable[[int], str] = "R{}".format) -> dict[int, str]:
+def seq_names(snapshots: Sequence[StepSnapshot], request_name: Callable[[int], str] = "R{}".format) -> dict[int, str]:
     """seq_id -> ``R<request_id>`` for a request's first sequence, ``R<request_id>.<k>`` for its k-th sample.
 
     Built from the snapshots' ``scheduled`` entries (``request_name`` writes a request id); a
@@ -34,7 +39,8 @@ def seq_names(snapshots: Sequence, request_name: Callable[[int], str] = "R{}".fo
     for snap in snapshots:
         for d in snap.scheduled:
             request.setdefault(d["seq_id"], d["request_id"])
-    names, seen = {}, {}
+    names: dict[int, str] = {}
+    seen: dict[int, int] = {}  # request id -> samples named so far
     for seq_id in sorted(request):
         k = seen[request[seq_id]] = seen.get(request[seq_id], -1) + 1
         names[seq_id] = request_name(request[seq_id]) + (f".{k}" if k else "")
@@ -45,7 +51,7 @@ def _nm(seq_id: int, names: Mapping[int, str] | None) -> str:
     return (names or {}).get(seq_id, f"seq {seq_id}")
 
 
-def describe_step(snapshot, names: Mapping[int, str] | None = None) -> str:
+def describe_step(snapshot: StepSnapshot, names: Mapping[int, str] | None = None) -> str:
     """One line of plain text: what the step scheduled, preempted and finished, and the queues after it."""
     work = ", ".join(f"{_nm(d['seq_id'], names)} {d['kind']} {d['num_tokens']}" for d in snapshot.scheduled)
     parts = [f"step {snapshot.step}: scheduled {work or 'nothing'}"]
@@ -60,7 +66,7 @@ def describe_step(snapshot, names: Mapping[int, str] | None = None) -> str:
     return " | ".join(parts)
 
 
-def _doing(snap, seq_id: int) -> str:
+def _doing(snap: StepSnapshot, seq_id: int) -> str:
     """What ``seq_id`` did in the step of ``snap``: a :data:`STATE_COLORS` key, or ``"finished"``."""
     work = next((d for d in snap.scheduled if d["seq_id"] == seq_id), None)
     if seq_id in snap.preempted:
@@ -71,13 +77,13 @@ def _doing(snap, seq_id: int) -> str:
 
 
 def draw_step(
-    snapshot,
+    snapshot: StepSnapshot,
     block_size: int | None = None,
     names: Mapping[int, str] | None = None,
     title: str | None = None,
     *,
     fig: Figure | None = None,
-    inks: Mapping[int, Ink] | None = None,
+    inks: Mapping[Hashable, Ink] | None = None,
     caption: str = "",
     tags: Mapping[int, str] | None = None,
     notes: Sequence[str] = (),
@@ -105,15 +111,17 @@ def draw_step(
         ax_c.text(0, 0.5, textwrap.fill(caption, 125), va="center", fontsize=13, linespacing=1.3, bbox=CAPTION_BOX)
     seqs = list(dict.fromkeys([*snapshot.running, *snapshot.waiting, *snapshot.preempted]))
     seqs += [d["seq_id"] for d in snapshot.scheduled if d["seq_id"] not in seqs]  # finished in this step
-    tables = {s: snapshot.block_tables.get(s, []) for s in seqs}
-    tokens = {s: snapshot.num_tokens.get(s, 0) if block_size else -1 for s in seqs}
+    tables: dict[Hashable, list[int]] = {s: snapshot.block_tables.get(s, []) for s in seqs}
+    tokens: dict[Hashable, int] = {s: snapshot.num_tokens.get(s, 0) if block_size else -1 for s in seqs}
     pool = PoolState(list(snapshot.ref_cnt), list(snapshot.cached), None, owners_from_tables(tables), tables, tokens)
     if not pool.ref_cnt:  # a contiguous engine's snapshot: no pool to read, only the tables
         pool.ref_cnt = [len(pool.owners.get(b, [])) for b in range(max(pool.owners, default=-1) + 1)]
     inks, name = inks or owner_inks(seqs), lambda s: _nm(s, names)
     work = {d["seq_id"]: d for d in snapshot.scheduled}
     doing = {s: _doing(snapshot, s) for s in seqs}
-    did = {s: f"{doing[s]} {work[s]['num_tokens']}" if s in work and doing[s] != "finished" else doing[s] for s in seqs}
+    did: dict[Hashable, str] = {
+        s: f"{doing[s]} {work[s]['num_tokens']}" if s in work and doing[s] != "finished" else doing[s] for s in seqs
+    }
     did |= {s: f"{doing[s]}: blocks freed" for s in seqs if doing[s] in ("preempted", "finished")}
     table_rows(ax_t, pool, block_size or 1, inks, top=len(seqs), label=name, notes=did)
     longest = max(map(len, tables.values()), default=0)
@@ -149,7 +157,9 @@ def draw_step(
     return fig
 
 
-def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, title: str | None = None) -> Figure:
+def draw_timeline(
+    snapshots: Sequence[StepSnapshot], names: Mapping[int, str] | None = None, title: str | None = None
+) -> Figure:
     """Gantt chart: one row per sequence, one column per step, coloured by what it was doing.
 
     Waiting (grey), prefill (orange), decode (blue), preempted (vermillion, hatched), running
@@ -170,24 +180,28 @@ def draw_timeline(snapshots: Sequence, names: Mapping[int, str] | None = None, t
     order, steps = sorted(states), [s.step for s in snapshots]
     fig, ax = new_figure(max(8.0, 0.28 * len(steps) + 3), max(3.0, 0.45 * len(order) + 1.8))
     ys = {seq_id: len(order) - 1 - row for row, seq_id in enumerate(order)}
-    hatched = dict(ec="black", hatch="xx", lw=0.8)
     for seq_id in order:
-        runs: list[list] = []  # [state, first step, last step]
+        runs: list[tuple[str, int, int]] = []  # (state, first step, last step)
         for step, state in sorted(states[seq_id].items()):
             if runs and runs[-1][0] == state and runs[-1][2] == step - 1:
-                runs[-1][2] = step
+                runs[-1] = (state, runs[-1][1], step)
             else:
-                runs.append([state, step, step])
+                runs.append((state, step, step))
         for state, first, last in runs:
-            style = hatched if state == "preempted" else dict(ec="none")
+            ec, hatch, lw = ("black", "xx", 0.8) if state == "preempted" else ("none", None, None)  # None: default
             xy = (first - 0.5, ys[seq_id] - 0.35)
-            ax.add_patch(Rectangle(xy, last - first + 1, 0.7, fc=STATE_COLORS[state], **style))
+            ax.add_patch(Rectangle(xy, last - first + 1, 0.7, fc=STATE_COLORS[state], ec=ec, hatch=hatch, lw=lw))
     ax.plot([finished[s] + 0.5 for s in finished], [ys[s] for s in finished], "D", color="black", markersize=7)
     ax.set_yticks(range(len(order)), [_nm(s, names) for s in reversed(order)])
     ax.set(xlim=(min(steps, default=0) - 0.6, max(steps, default=0) + 1), ylim=(-0.6, len(order) - 0.4))
     ax.set_xlabel("engine step")
     used = [k for k in STATE_COLORS if any(k in per.values() for per in states.values())]
-    handles = [Patch(fc=STATE_COLORS[k], label=k, **(hatched if k == "preempted" else {})) for k in used]
+    handles: list[Artist] = [
+        Patch(fc=STATE_COLORS[k], label=k, ec="black", hatch="xx", lw=0.8)
+        if k == "preempted"
+        else Patch(fc=STATE_COLORS[k], label=k)
+        for k in used
+    ]
     handles.append(Line2D([], [], marker="D", color="black", linestyle="none", label="finished"))
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), frameon=False)
     ax.set_title(title or "requests over engine steps", loc="left")
@@ -204,7 +218,8 @@ def during_steps(values: Sequence[int], preemptions: Sequence[int] | None = None
     freed memory before it ran and keeps its own record.
     """
     preemptions = preemptions or [0] * len(values)
-    out, prev_value, prev_preemptions = [], 0, 0
+    out: list[int] = []
+    prev_value, prev_preemptions = 0, 0
     for value, count in zip(values, preemptions):
         out.append(int(value) if count > prev_preemptions else max(int(value), prev_value))
         prev_value, prev_preemptions = int(value), count
@@ -212,8 +227,8 @@ def during_steps(values: Sequence[int], preemptions: Sequence[int] | None = None
 
 
 def draw_kv_usage(
-    paged_series: Sequence[Mapping],
-    contiguous_series: Sequence[Mapping],
+    paged_series: Sequence[Mapping[str, Any]],
+    contiguous_series: Sequence[Mapping[str, Any]],
     capacity: int | None = None,
     title: str | None = None,
     *,
@@ -227,9 +242,9 @@ def draw_kv_usage(
     (slots in the budget) draws a line. ``running``, ``(paged, contiguous)`` running sequences after
     each step, adds a second panel.
     """
-    ratios = dict(gridspec_kw=dict(width_ratios=[1.6, 1])) if running else {}
-    fig, axes = new_figure(12.4 if running else 11, 5.2, ncols=2 if running else 1, squeeze=False, **ratios)
-    ax, runs = axes[0, 0], (("paged", paged_series), ("contiguous", contiguous_series))
+    ratios: dict[str, Any] = dict(gridspec_kw=dict(width_ratios=[1.6, 1])) if running else {}
+    fig, axes = new_grid(12.4 if running else 11, 5.2, ncols=2 if running else 1, **ratios)
+    ax, runs = axes[0][0], (("paged", paged_series), ("contiguous", contiguous_series))
     for label, series in runs:
         color, preempts = series_color(label), [d.get("num_preemptions", 0) for d in series]
         held = during_steps([d["tokens_held"] for d in series], preempts)
@@ -249,10 +264,10 @@ def draw_kv_usage(
     if running:
         for (label, series), counts in zip(runs, running):
             ran = during_steps(counts, [d.get("num_preemptions", 0) for d in series])
-            axes[0, 1].step(range(1, len(ran) + 1), ran, where="mid", color=series_color(label), lw=2.2, label=label)
-        axes[0, 1].set(xlabel="engine step", ylabel="sequences", ylim=(0, None))
-        axes[0, 1].xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
-        axes[0, 1].yaxis.set_major_locator(MaxNLocator(integer=True))  # whole sequences: no "17.5"
-        axes[0, 1].set_title("running sequences", loc="left")
+            axes[0][1].step(range(1, len(ran) + 1), ran, where="mid", color=series_color(label), lw=2.2, label=label)
+        axes[0][1].set(xlabel="engine step", ylabel="sequences", ylim=(0, None))
+        axes[0][1].xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+        axes[0][1].yaxis.set_major_locator(MaxNLocator(integer=True))  # whole sequences: no "17.5"
+        axes[0][1].set_title("running sequences", loc="left")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, frameon=False, fontsize=SMALL + 2)
     return fig

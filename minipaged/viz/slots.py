@@ -7,13 +7,14 @@ small multiples of the pool as a prefill, then decode steps, fill it. Plain list
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from minipaged.viz.palette import FREE, MUTED, WASTE, owner_color, text_color
-from minipaged.viz.style import SMALL, new_figure
+from minipaged.viz.style import SMALL, new_figure, new_grid
 
 GAP = 0.7  # horizontal gap between two blocks of slots (and between two sequences' tokens), in slot widths
 
@@ -23,7 +24,16 @@ def _name(i: int, seq_names: Sequence[str] | None) -> str:
     return seq_names[i] if seq_names is not None and i < len(seq_names) else chr(65 + i) if i < 26 else f"s{i}"
 
 
-def slot_grid(ax, rows: int, block_size: int, face: Mapping, labels=None, new=(), empty=FREE, top=None) -> None:
+def slot_grid(
+    ax: Axes,
+    rows: int,
+    block_size: int,
+    face: Mapping[int, str],
+    labels: Mapping[int, str] | None = None,
+    new: Collection[int] = (),
+    empty: str = FREE,
+    top: float | None = None,
+) -> None:
     """``rows`` rows of slots (row r: slots ``r * block_size`` on), going down from ``top`` (default ``rows``):
     slot s filled with ``face[s]`` (absent: ``empty``), written with ``labels[s]``, outlined when in ``new``."""
     top = rows if top is None else top
@@ -36,7 +46,7 @@ def slot_grid(ax, rows: int, block_size: int, face: Mapping, labels=None, new=()
             ax.add_patch(Rectangle((o + 0.08, top - r - 0.92), 0.84, 0.84, fill=False, ec="black", lw=2.5, zorder=3))
 
 
-def _legend(seqs, seq_names: Sequence[str] | None) -> list[Patch]:
+def _legend(seqs: Iterable[int], seq_names: Sequence[str] | None) -> list[Patch]:
     return [Patch(fc=owner_color(q), label=f"seq {_name(q, seq_names)}") for q in sorted(seqs)]
 
 
@@ -79,7 +89,8 @@ def draw_slot_mapping(
         ax.add_patch(Rectangle((x0 - 0.05, y_slot - 0.08), block_size + 0.1, h + 0.16, fill=False, ec="black", lw=1.8))
         ax.text(x0 + block_size / 2, y_slot - 0.3, f"block {b}", ha="center", va="top", fontsize=SMALL + 2)
 
-    xs, x = [], 0.0  # the batch's tokens, packed in order, a gap between sequences (and around padding)
+    xs: list[float] = []
+    x = 0.0  # the batch's tokens, packed in order, a gap between sequences (and around padding)
     for i, s in enumerate(slots):
         x += GAP * bool(i and ((s < 0) != (slots[i - 1] < 0) or s >= 0 and token_seq[i] != token_seq[i - 1]))
         xs.append(x)
@@ -129,7 +140,7 @@ def draw_pool_fill(
     if not frames:
         raise ValueError("draw_pool_fill needs at least one frame")
     width = max(6.0, len(frames) * (0.38 * block_size + 1.0)) + 0.5
-    fig, axes = new_figure(width, 0.38 * num_blocks + 2.2, ncols=len(frames), squeeze=False)
+    fig, axes = new_grid(width, 0.38 * num_blocks + 2.2, ncols=len(frames))
     prev: dict[int, int] = {}
     for ax, (label, tables, num_tokens) in zip(axes[0], frames, strict=True):
         owner: dict[int, int] = {}  # slot -> sequence
@@ -145,7 +156,7 @@ def draw_pool_fill(
         ax.spines[["left", "bottom"]].set_visible(False)
         ax.set_title(label, fontsize=12)
         prev = owner
-    axes[0, 0].set_ylabel("physical block")
+    axes[0][0].set_ylabel("physical block")
     seqs = range(max(len(f[1]) for f in frames))
     handles = [*_legend(seqs, seq_names), Patch(fc="white", ec="black", lw=2.5, label="written this step")]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 from matplotlib import patheffects
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.rcsetup import cycler
 
 from minipaged.viz.palette import SEQUENCE_COLORS, Ink
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 FONT_SIZE = 14  # body text, axis labels
 SMALL = 10  # the smallest text any figure uses: 14 px at 100 dpi
@@ -26,9 +32,14 @@ WIDGET_DPI = 100
 EDGE = "#444444"  # the outline of a block
 HALO = [patheffects.withStroke(linewidth=3, foreground="white")]  # black text that reads on any fill
 
-STYLE = {"font.size": FONT_SIZE, "axes.labelsize": FONT_SIZE, "axes.titlesize": FONT_SIZE + 2, "svg.fonttype": "none"}
+STYLE: dict[RcKeyType, Any] = {
+    "font.size": FONT_SIZE,
+    "axes.labelsize": FONT_SIZE,
+    "axes.titlesize": FONT_SIZE + 2,
+    "svg.fonttype": "none",
+}
 STYLE |= {key: FONT_SIZE - 2 for key in ("legend.fontsize", "xtick.labelsize", "ytick.labelsize")}
-STYLE |= {"axes.spines.top": False, "axes.spines.right": False, "axes.prop_cycle": mpl.cycler(color=SEQUENCE_COLORS)}
+STYLE |= {"axes.spines.top": False, "axes.spines.right": False, "axes.prop_cycle": cycler(color=SEQUENCE_COLORS)}
 mpl.rcParams.update(STYLE)  # applied when minipaged.viz is imported
 
 
@@ -38,13 +49,22 @@ def fit(width: float, height: float) -> tuple[float, float]:
     return width * shrink, height * shrink
 
 
-def new_figure(width: float = 10, height: float = 4, **kwargs) -> tuple[Figure, object]:
-    """A figure and its axes (``fig.subplots(**kwargs)``), not attached to pyplot's global state.
+def new_figure(width: float = 10, height: float = 4) -> tuple[Figure, Axes]:
+    """A figure and its one axes (``fig.subplots()``), not attached to pyplot's global state.
 
     ``width`` x ``height`` inches, scaled down (aspect kept) to fit a 1280 x 800 screen at 100 dpi.
     """
     fig = Figure(figsize=fit(width, height), layout="constrained")
-    return fig, fig.subplots(**kwargs)
+    return fig, fig.subplots()
+
+
+def new_grid(
+    width: float, height: float, nrows: int = 1, ncols: int = 1, **kwargs: Any
+) -> tuple[Figure, list[list[Axes]]]:
+    """A figure and its ``nrows`` x ``ncols`` axes, ``grid[row][col]`` (``fig.subplots(nrows, ncols,
+    squeeze=False, **kwargs)``: ``sharex``, ``gridspec_kw``, ...), sized as :func:`new_figure`."""
+    fig = Figure(figsize=fit(width, height), layout="constrained")
+    return fig, [list(row) for row in fig.subplots(nrows, ncols, squeeze=False, **kwargs)]
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
@@ -63,7 +83,18 @@ def figure_png(fig: Figure, dpi: int = WIDGET_DPI) -> bytes:
 
 
 def box(
-    ax, xywh: tuple, ink: Ink, fill: float = 1.0, *, text="", ec=EDGE, lw=1.0, empty="white", hatch=None, gid=None, **kw
+    ax: Axes,
+    xywh: tuple[float, float, float, float],
+    ink: Ink,
+    fill: float = 1.0,
+    *,
+    text: str = "",
+    ec: str = EDGE,
+    lw: float = 1.0,
+    empty: str | None = "white",
+    hatch: str | None = None,
+    gid: str | None = None,
+    **kw: Any,
 ) -> Rectangle:
     """A block, slot or reservation, ``xywh = (x, y, width, height)``: its left ``fill`` share (0..1) in ``ink``.
 
@@ -77,7 +108,8 @@ def box(
     if fill < 1 and empty is not None:
         e = w * (1 - fill)
         ax.add_patch(Rectangle((x + w - e, y), e, h, fc=empty, hatch=hatch, ec=ink.color, lw=0, gid="empty"))
-    outline = ax.add_patch(Rectangle((x, y), w, h, fill=False, ec=ec, lw=lw, gid=gid))
+    outline = Rectangle((x, y), w, h, fill=False, ec=ec, lw=lw, gid=gid)
+    ax.add_patch(outline)
     if text:
         kw = {"fontsize": SMALL + 1, "ha": "center", "va": "center", "path_effects": HALO, **kw}
         ax.text(x + w / 2, y + h / 2, text, **kw)
