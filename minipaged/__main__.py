@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from minipaged.model.hub import DEFAULT_CHAT_MODEL
 
@@ -190,7 +191,8 @@ def run(args: argparse.Namespace) -> None:
         from minipaged.course.lectures import build_lectures
 
         decks = build_lectures(args.out_dir)
-        print(f"{len(decks)} lecture decks written to {args.out_dir}: open {decks[0]} in a browser (s: speaker notes)")
+        index = Path(args.out_dir) / "index.html"
+        print(f"{len(decks)} lecture decks written to {args.out_dir}: open {index} in a browser (s: speaker notes)")
     elif args.cmd == "slides":
         from minipaged.course.slides import build_slides
 

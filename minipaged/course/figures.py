@@ -15,8 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from minipaged.viz.animate import Movie
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "docs" / "paper"
@@ -32,9 +36,10 @@ def _trace() -> list:
 
 def _arena_at(step: int, reserve: str) -> tuple:
     from minipaged.sim import ContiguousReplay, replay_steps
+    from minipaged.sim.states import ContiguousState
 
     for state in replay_steps(_trace(), ContiguousReplay(NUM_SLOTS, MAX_SEQ_LEN, reserve)):
-        if state.step == step:
+        if state.step == step and isinstance(state, ContiguousState):
             return state.arena, state.tokens
     raise ValueError(f"the replay never reaches step {step}")
 
@@ -121,7 +126,7 @@ def online_softmax() -> Figure:
 
 
 @cache
-def _movie(which: str) -> object:
+def _movie(which: str) -> Movie:
     import torch
 
     from minipaged.viz import animate

@@ -1,6 +1,7 @@
 """Lecture decks: three reveal.js decks written as markdown, with figures from real engine runs.
 
-``python -m minipaged lectures OUT_DIR`` builds one deck per lesson of docs/teaching.md:
+``python -m minipaged slides --lectures OUT_DIR`` builds one deck per lesson of docs/teaching.md,
+and ``index.html`` linking them (docs/teaching/slides/ holds them built):
 
 1. ``lesson1.html`` — paging (notebooks 00-03): the contiguous waste, blocks and the free queue,
    block tables, slot mapping;
@@ -17,25 +18,23 @@ A deck's source is ``lectures/lessonN.md``: a ``title:`` line, then slides separ
 answer list): nothing of the answer may show on that slide or before it, only on the slides after.
 
 Figures are drawn by :mod:`minipaged.course.figures` and saved as ``OUT_DIR/figures/NAME.png``.
-reveal.js is read from the package's copy: by a relative path when ``OUT_DIR`` is inside the
-repository (the committed decks, docs/teaching/slides/), else copied beside the decks. Either way
-the decks open from the file system, offline.
+reveal.js is copied beside the decks by :func:`minipaged.course.slides.copy_assets` (no MathJax:
+the lectures hold no display math), so a deck opens from the file system, offline, and the
+folder can be copied anywhere as it is.
 """
 
 from __future__ import annotations
 
 import html
-import os
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "lectures"
-REVEAL = HERE / "reveal.js"
 REPO = HERE.parents[1]
 COMMITTED = REPO / "docs" / "teaching" / "slides"
+KEYS = "Arrows or space move; s: speaker view with the notes; f: full screen; Esc: overview."
 FIGURE_DPI = 80  # 12-inch figures come out ~1000 px wide: sharp on a projector, small on disk
 
 FIGURE = re.compile(r"^!\[([^\]]*)\]\(fig:(\w+)\)$")
@@ -55,6 +54,8 @@ class Slide:
 
 @dataclass
 class Deck:
+    """One lesson's deck: its file name (``lesson1``), title and slides."""
+
     name: str
     title: str
     slides: list[Slide]
@@ -109,7 +110,9 @@ def inline(text: str) -> str:
 
 def blocks(lines: list[str]) -> str:
     """Paragraphs (blank-line separated) and ``- `` bullet lists as HTML."""
-    out, para, items = [], [], []
+    out: list[str] = []
+    para: list[str] = []
+    items: list[str] = []
 
     def flush() -> None:
         if para:
@@ -182,45 +185,57 @@ def render(deck: Deck, reveal_url: str) -> str:
 </div></div>
 <script src="{url}/dist/reveal.js"></script>
 <script src="{url}/plugin/notes/notes.js"></script>
-<script>Reveal.initialize({{ hash: true, slideNumber: "c/t", width: 1280, height: 760, plugins: [RevealNotes] }});</script>
+<script>
+Reveal.initialize({{ hash: true, slideNumber: "c/t", width: 1280, height: 760, plugins: [RevealNotes] }});
+</script>
 </body>
 </html>
 """
 
 
-def reveal_url(out_dir: Path) -> str | None:
-    """reveal.js relative to ``out_dir`` when both are in the repository, else None (copy it)."""
-    out_dir = Path(out_dir).resolve()
-    if REPO not in out_dir.parents:
-        return None
-    return Path(os.path.relpath(REVEAL, out_dir)).as_posix()
+def render_all() -> dict[str, str]:
+    """File name -> HTML of every page :func:`build_lectures` writes: the decks and ``index.html`` (no figures)."""
+    from minipaged.course.slides import index_page
+
+    decks = load_decks()
+    pages = {f"{deck.name}.html": render(deck, "reveal.js") for deck in decks}
+    pages["index.html"] = index_page(
+        [Path(name) for name in pages], heading="minipaged: the three lessons' lecture decks",
+        labels=[deck.title for deck in decks], keys=KEYS,
+    )  # fmt: skip
+    return pages
 
 
-def render_all(out_dir: Path) -> dict[str, str]:
-    """Deck file name -> HTML, as :func:`build_lectures` writes them into ``out_dir`` (no figures drawn)."""
-    url = reveal_url(out_dir) or "reveal.js"
-    return {f"{deck.name}.html": render(deck, url) for deck in load_decks()}
+def figure_names() -> list[str]:
+    """Every figure the decks show, in order of first use."""
+    return list(dict.fromkeys(s.figure[0] for deck in load_decks() for s in deck.slides if s.figure))
 
 
 def build_lectures(out_dir: Path, figures: bool = True) -> list[Path]:
-    """Write the three decks into ``out_dir`` (and their figures, unless ``figures=False``); returns the decks."""
+    """Write the three decks and ``index.html`` into ``out_dir``, with reveal.js beside them and, unless
+    ``figures=False``, their figures drawn from engine runs; returns the decks."""
     from minipaged.course.figures import FIGURES
+    from minipaged.course.slides import copy_assets
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if reveal_url(out_dir) is None:
-        shutil.copytree(REVEAL, out_dir / "reveal.js", dirs_exist_ok=True)
-    used = [s.figure[0] for deck in load_decks() for s in deck.slides if s.figure]
+    copy_assets(out_dir, mathjax=False)
+    used = figure_names()
     missing = sorted(set(used) - set(FIGURES))
     if missing:
         raise ValueError(f"slides name figures that minipaged.course.figures does not draw: {missing}")
     if figures:
+        import matplotlib.pyplot as plt
+
         from minipaged.viz.style import save_figure
 
-        for name in dict.fromkeys(used):
-            save_figure(FIGURES[name](), out_dir / "figures" / f"{name}.png", dpi=FIGURE_DPI)
+        for name in used:
+            fig = FIGURES[name]()
+            save_figure(fig, out_dir / "figures" / f"{name}.png", dpi=FIGURE_DPI)
+            plt.close(fig)
     written = []
-    for name, text in render_all(out_dir).items():
+    for name, text in render_all().items():
         (out_dir / name).write_text(text, encoding="utf-8")
-        written.append(out_dir / name)
+        if name != "index.html":
+            written.append(out_dir / name)
     return written
