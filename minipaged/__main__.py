@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from minipaged.model.hub import DEFAULT_CHAT_MODEL
 
@@ -144,6 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         "with reveal.js and MathJax copied beside them: open them in a browser, no network needed.",
     )
     s.add_argument("out_dir", help="the folder to write the decks into")
+    s.add_argument(
+        "--lectures",
+        action="store_true",
+        help="the three lessons' lecture decks instead (text, figures from engine runs, speaker notes); "
+        "docs/teaching/slides/ holds them built",
+    )
     r = sub.add_parser("paper", help="the PagedAttention paper's results beside ours (docs/paper.md)")
     importlib.import_module("minipaged.paper.cli").add_arguments(r)
     w = sub.add_parser("download", help="fetch a known model or data file into the cache (then all runs offline)")
@@ -180,6 +187,12 @@ def run(args: argparse.Namespace) -> None:
         except (FileExistsError, ValueError) as e:  # a used folder, an incomplete translation: nothing written
             raise SystemExit(f"minipaged course: {e}") from None
         print(f"{len(written)} files written to {args.out_dir}: jupyter lab {args.out_dir}/notebooks/")
+    elif args.cmd == "slides" and args.lectures:
+        from minipaged.course.lectures import build_lectures
+
+        decks = build_lectures(args.out_dir)
+        index = Path(args.out_dir) / "index.html"
+        print(f"{len(decks)} lecture decks written to {args.out_dir}: open {index} in a browser (s: speaker notes)")
     elif args.cmd == "slides":
         from minipaged.course.slides import build_slides
 

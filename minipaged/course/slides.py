@@ -78,25 +78,35 @@ def export_deck(path: Path) -> str:
     return body
 
 
-def index_page(decks: list[Path]) -> str:
-    items = "\n".join(
-        f'<li><a href="{html.escape(d.name)}">{html.escape(d.name.split(".")[0])}</a></li>' for d in decks
-    )
+KEYS = "Arrows move (right: next section, down: next slide of a section); s: speaker view; Esc: overview."
+
+
+def index_page(
+    decks: list[Path], heading: str = "minipaged: one deck per notebook", labels: list[str] | None = None,
+    keys: str = KEYS,
+) -> str:  # fmt: skip
+    """A page linking every deck (``labels``: the link texts, else each deck's file name without suffixes)."""
+    names = labels or [d.name.split(".")[0] for d in decks]
+    items = "\n".join(f'<li><a href="{html.escape(d.name)}">{html.escape(n)}</a></li>' for d, n in zip(decks, names))
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head><meta charset="utf-8"><title>minipaged slides</title></head>\n'
-        f"<body>\n<h1>minipaged: one deck per notebook</h1>\n<ul>\n{items}\n</ul>\n"
-        "<p>Arrows move (right: next section, down: next slide of a section); s: speaker view; Esc: overview.</p>\n"
+        f"<body>\n<h1>{html.escape(heading)}</h1>\n<ul>\n{items}\n</ul>\n<p>{html.escape(keys)}</p>\n"
         "</body>\n</html>\n"
     )
+
+
+def copy_assets(out_dir: Path, mathjax: bool = True) -> None:
+    """Copy reveal.js (and MathJax, unless ``mathjax=False``) into ``out_dir``, where the decks load them from."""
+    assets = [(REVEAL, "reveal.js")] + ([(mathjax_folder(), "mathjax")] if mathjax else [])
+    for source, name in assets:
+        shutil.copytree(source, out_dir / name, dirs_exist_ok=True)
 
 
 def build_slides(out_dir: Path, notebooks: list[Path] | None = None) -> list[Path]:
     """Write one deck per notebook into ``out_dir``, with reveal.js and MathJax beside them; returns the decks."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    mathjax = mathjax_folder()
-    for source, name in ((REVEAL, "reveal.js"), (mathjax, "mathjax")):
-        shutil.copytree(source, out_dir / name, dirs_exist_ok=True)
+    copy_assets(out_dir)
     decks = []
     for path in notebooks or sorted((REPO / "notebooks").glob("[0-9]*.ipynb")):
         deck = out_dir / f"{path.stem}.slides.html"
