@@ -26,7 +26,13 @@ ALLOWED = re.compile(r"target=GPUTarget|ChatSession")
 
 
 def pages() -> list[Path]:
-    return sorted(ROOT.glob("README*.md")) + sorted((ROOT / "docs").rglob("*.md")) + sorted(ROOT.glob("notebooks/*.md"))
+    # The paper's committed results too: their notes are printed by `python -m minipaged paper`.
+    return (
+        sorted(ROOT.glob("README*.md"))
+        + sorted((ROOT / "docs").rglob("*.md"))
+        + sorted(ROOT.glob("notebooks/*.md"))
+        + sorted((ROOT / "docs" / "paper").glob("*.json"))
+    )
 
 
 def notebook_texts(path: Path) -> list[tuple[str, str]]:
