@@ -10,8 +10,8 @@ a page that was edited in one language only shows first:
 - numbers: the same set of numbers in the prose (``66.0``, ``4096``, ``2-4`` gives 2 and 4);
 - links: the same set of targets, each resolved to a path in the repository (the Chinese page's
   ``stage0.md`` is ``docs/zh/stage0.md``, compared as ``docs/stage0.md``; anchors dropped, since
-  headings are translated). Each page's link to its own translation, and a Chinese page's link
-  to the Chinese index (``docs/zh/README.md``), are left out.
+  headings are translated; ``X.zh.md`` compared as ``X.md``). Each page's link to its own
+  translation, and a Chinese page's link to the Chinese index (``docs/zh/README.md``), are left out.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def links(text: str, page: Path, other: Path) -> set[str]:
         path = posixpath.normpath(posixpath.join(page.parent.relative_to(ROOT).as_posix(), target.split("#")[0]))
         if path in (other.relative_to(ROOT).as_posix(), "docs/zh/README.md"):
             continue  # the link to this page's translation, or to the Chinese index
-        found.add(re.sub(r"^docs/zh/", "docs/", path))
+        found.add(re.sub(r"\.zh\.md$", ".md", re.sub(r"^docs/zh/", "docs/", path)))  # README.zh.md: README.md's
     return found
 
 
