@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -92,7 +93,7 @@ def chat_prompts(llm: LLM, n: int, seed: int = 0) -> list[list[int]]:
     return [tok.encode(text, add_special_tokens=False) for text in rendered]
 
 
-def transformers_twin(model: DecoderModel):
+def transformers_twin(model: DecoderModel) -> Any:
     """A transformers ``*ForCausalLM`` holding ``model``'s weights (fp32), told of no EOS."""
     import transformers
 
@@ -121,7 +122,7 @@ def run_minipaged(llm: LLM, prompts: Sequence[list[int]], new_tokens: int) -> En
     return run
 
 
-def run_transformers(hf, prompts: Sequence[list[int]], new_tokens: int, pad_id: int) -> EngineRun:
+def run_transformers(hf: Any, prompts: Sequence[list[int]], new_tokens: int, pad_id: int) -> EngineRun:
     """One left-padded ``generate`` batch of every chat, greedy, ``new_tokens`` each."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
@@ -174,7 +175,7 @@ class ChatRow:
         return sum(a == b for a, b in zip(self.ours.tokens, self.theirs.tokens))
 
 
-def compare(llm: LLM, hf, chats: Sequence[int], new_tokens: int, repeats: int) -> list[ChatRow]:
+def compare(llm: LLM, hf: Any, chats: Sequence[int], new_tokens: int, repeats: int) -> list[ChatRow]:
     """(a): for each number of chats, both engines on the same prompts, taking turns."""
     pad_id = llm.model.config.pad_token_id or 0
     rows = []

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -256,7 +257,9 @@ def explain(
     return cost
 
 
-def paged_vs_contiguous(model, requests: Sequence[WorkItem], repeats: int = 1, **kw) -> tuple[EngineRun, EngineRun]:
+def paged_vs_contiguous(
+    model: str | Path | None, requests: Sequence[WorkItem], repeats: int = 1, **kw: Any
+) -> tuple[EngineRun, EngineRun]:
     paged_llm, contiguous_llm = LLM(model, **kw), LLM(model, kv_layout="contiguous", **kw)
     paged, contiguous = fastest_of(
         [
@@ -277,7 +280,7 @@ def paged_vs_contiguous(model, requests: Sequence[WorkItem], repeats: int = 1, *
     return paged, contiguous
 
 
-def step_split(model, num_seqs: int, decode_steps: int) -> dict[str, float]:
+def step_split(model: str | Path | None, num_seqs: int, decode_steps: int) -> dict[str, float]:
     """Share of step time per phase over ``decode_steps`` steps of ``num_seqs`` running decodes."""
     llm = LLM(model, max_num_seqs=num_seqs, max_model_len=512, num_kvcache_blocks=num_seqs * 8)
     rng = random.Random(0)

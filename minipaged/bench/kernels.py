@@ -71,7 +71,19 @@ def peak_gbps_for(name: str) -> float | None:
     return None
 
 
-def _make_case(op, num_seqs, q_len, ctx, num_heads, num_kv_heads, head_dim, block_size, dtype, device, seed=0):
+def _make_case(
+    op: str,
+    num_seqs: int,
+    q_len: int,
+    ctx: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    seed: int = 0,
+) -> tuple[torch.Tensor, ...]:
     """A paged cache with each sequence's blocks scattered over the pool, the same K/V laid out
     contiguously ([num_seqs, num_kv_heads, ctx, head_dim]) for SDPA, and the queries."""
     gen = torch.Generator().manual_seed(seed)
@@ -85,14 +97,16 @@ def _make_case(op, num_seqs, q_len, ctx, num_heads, num_kv_heads, head_dim, bloc
     cu = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q_len
     q = torch.randn(num_seqs * q_len, num_heads, head_dim, generator=gen).to(dtype=dtype, device=device)
 
-    def contiguous(cache):
+    def contiguous(cache: torch.Tensor) -> torch.Tensor:
         seqs = cache[tables.long()].reshape(num_seqs, blocks_per_seq * block_size, num_kv_heads, head_dim)
         return seqs[:, :ctx].transpose(1, 2).contiguous()
 
     return q, k_cache, v_cache, tables, cu, ctx_lens, contiguous(k_cache), contiguous(v_cache)
 
 
-def _sdpa_fn(q, k, v, num_seqs, q_len, causal):
+def _sdpa_fn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_seqs: int, q_len: int, causal: bool
+) -> Callable[[], torch.Tensor]:
     """SDPA over [num_seqs, heads, len, head_dim]; GQA through enable_gqa where torch has it."""
     qs = q.reshape(num_seqs, q_len, q.shape[1], q.shape[2]).transpose(1, 2)
     group = q.shape[1] // k.shape[1]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from minipaged import LLM, SamplingParams
 from minipaged.bench import parser
@@ -30,7 +31,9 @@ def run(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> tuple[int
     return stats["peak_slots_allocated"] // stats["block_size"], stats
 
 
-def shared_preamble(num_requests: int, preamble_len: int, block_size: int, seed: int, model=None) -> dict:
+def shared_preamble(
+    num_requests: int, preamble_len: int, block_size: int, seed: int, model: str | Path | None = None
+) -> dict:
     """Caching off vs on for requests that share one preamble; returns the figures."""
     rng = random.Random(seed)
     preamble = task.random_preamble(rng, preamble_len, preamble_len)
@@ -47,7 +50,9 @@ def shared_preamble(num_requests: int, preamble_len: int, block_size: int, seed:
     return figures
 
 
-def parallel_sampling(ns: list[int], prompt_len: int, max_tokens: int, block_size: int, seed: int, model=None):
+def parallel_sampling(
+    ns: list[int], prompt_len: int, max_tokens: int, block_size: int, seed: int, model: str | Path | None = None
+) -> list[dict]:
     """Peak blocks for n samples sharing the prompt vs n independent sequences (n copies of the prompt)."""
     rng = random.Random(seed)
     text = task.random_text(rng, 40, 40)

@@ -24,6 +24,7 @@ starts load the real chat model. Timings are this machine's, under whatever else
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import random
@@ -33,12 +34,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from minipaged.bench import parser
 from minipaged.paper import sharegpt
 from minipaged.tiny import task
+
+if TYPE_CHECKING:
+    import httpx
 
 
 @dataclass
@@ -58,7 +63,7 @@ class Result:
 Work = list[tuple[str, int]]  # (prompt text, max_tokens) per request
 
 
-def workload(args) -> Work:
+def workload(args: argparse.Namespace) -> Work:
     """The requests ``args.dataset`` asks for: copy prompts, or ShareGPT sampled as vLLM samples it."""
     if args.dataset == "sharegpt":
         requests = sharegpt.sample_requests(args.num_prompts, args.seed, output_len=args.sharegpt_output_len)
@@ -69,7 +74,7 @@ def workload(args) -> Work:
     return [(task.prompt_for(text, preamble), args.max_tokens) for text in texts]
 
 
-async def one_request(client, url: str, body: dict, headers: dict) -> Result:
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> Result:
     """POST one streamed completion; time its chunks."""
     res = Result()
     start = last = time.perf_counter()
@@ -116,7 +121,7 @@ async def run_load(
     base_url: str,
     model: str,
     prompts: Work,
-    args,
+    args: argparse.Namespace,
     headers: dict,
     watch: bool,
 ) -> tuple[list[Result], float, tuple[int, int] | None]:
@@ -159,7 +164,7 @@ async def run_load(
     return results, duration, frames
 
 
-async def _watch(client, base_url: str, headers: dict, seen: list[int]) -> None:
+async def _watch(client: httpx.AsyncClient, base_url: str, headers: dict, seen: list[int]) -> None:
     """Record the engine step of every projector frame pushed."""
     async with client.stream("GET", f"{base_url}/projector/stream", headers=headers, timeout=None) as response:
         async for line in response.aiter_lines():
@@ -228,7 +233,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def engine_args(args, layout: str) -> dict:
+def engine_args(args: argparse.Namespace, layout: str) -> dict:
     kwargs = dict(
         kv_layout=layout,
         num_kvcache_blocks=args.num_kvcache_blocks,
@@ -272,7 +277,7 @@ class LocalServer:
         self.__exit__()
         raise RuntimeError(f"the server did not answer within {self.start_timeout} s")
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
         try:
             self.proc.wait(30)
@@ -281,7 +286,9 @@ class LocalServer:
             self.proc.wait(5)
 
 
-def offline(kwargs: dict, prompts: Work, args, model: str | None = None) -> tuple[float, list[str], int]:
+def offline(
+    kwargs: dict, prompts: Work, args: argparse.Namespace, model: str | None = None
+) -> tuple[float, list[str], int]:
     """LLM.generate on the same requests: (output tokens/s, texts, output tokens).
 
     It runs on a thread of its own, as the server's engine does, so that both use torch the same
@@ -374,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
-def _bench(base_url: str, prompts: Work, args, headers: dict, title: str = "server") -> dict:
+def _bench(base_url: str, prompts: Work, args: argparse.Namespace, headers: dict, title: str = "server") -> dict:
     import httpx
 
     model = args.model or httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
@@ -390,7 +397,7 @@ def _bench(base_url: str, prompts: Work, args, headers: dict, title: str = "serv
     return figures
 
 
-def _compare_offline(kwargs: dict, prompts: Work, args, served: dict, model: str | None) -> None:
+def _compare_offline(kwargs: dict, prompts: Work, args: argparse.Namespace, served: dict, model: str | None) -> None:
     rate, texts, tokens = offline(kwargs, prompts, args, model)
     same = sum(a == b for a, b in zip(texts, served["texts"]))
     print(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Any
 
 from minipaged import LLM
 
@@ -25,7 +26,7 @@ class StepTimer:
     def _wrap(self, owner: object, attr: str, phase: str) -> None:
         original = getattr(owner, attr)
 
-        def timed(*args, **kwargs):
+        def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
                 return original(*args, **kwargs)
@@ -45,7 +46,7 @@ class StepTimer:
         self._wrap(llm, "run_step", "total")
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for owner, attr, _ in reversed(self._saved):
             delattr(owner, attr)  # the instance attribute hid the class's method
 
