@@ -1,0 +1,373 @@
+"""The paged KV manager on its own: block tables, prefix hits, copy-on-write, forks, swapping,
+the step's outcome and the figures — no model, no tensors.
+
+A step is played by hand as the scheduler plays it: ``allocate`` room for the new tokens, then
+(once the step "ran") count them as computed and append the sampled token.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minipaged import SamplingParams
+from minipaged.engine.kv_manager import PagedKVManager
+from minipaged.engine.sequence import Sequence
+from minipaged.kv.block_pool import NoFreeBlocksError
+from minipaged.kv.prefix_cache import chain_hashes
+
+BS = 4
+
+
+def seq(tokens, max_tokens: int = 8) -> Sequence:
+    return Sequence(0, list(tokens), SamplingParams(temperature=0, max_tokens=max_tokens), BS)
+
+
+def manager(num_blocks: int = 8, caching: bool = False, host: int = 0) -> PagedKVManager:
+    return PagedKVManager(num_blocks, BS, caching, num_host_blocks=host)
+
+
+def step(kv: PagedKVManager, s: Sequence, n: int, sampled: int | None = None) -> list[tuple[int, int]]:
+    """Allocate ``n`` new tokens of ``s``, let the step run; ``sampled`` is appended if given."""
+    copies = kv.allocate(s, n)
+    s.num_computed_tokens += n
+    if sampled is not None:
+        s.token_ids.append(sampled)
+    return copies
+
+
+def forked_pair(kv: PagedKVManager, prompt_len: int = 6):
+    """A parent that computed its prompt and a sample forked from it; each sampled a different token."""
+    parent, child = seq(range(1, prompt_len + 1)), seq(range(1, prompt_len + 1))
+    step(kv, parent, prompt_len, sampled=50)
+    kv.fork(parent, child)
+    child.num_computed_tokens = parent.num_computed_tokens
+    child.token_ids.append(51)
+    return parent, child
+
+
+def refs(kv: PagedKVManager, pool=None) -> list[int]:
+    return [b.ref_cnt for b in (pool or kv.pool).blocks]
+
+
+# -- growth --------------------------------------------------------------------------------
+def test_block_ids_grow_one_block_when_the_last_one_fills():
+    kv = manager()
+    a = seq(range(1, 7))
+    assert step(kv, a, 6, sampled=9) == []
+    assert kv.block_ids(a, 6) == [0, 1] and a.block_table.num_tokens == 6
+    step(kv, a, 1, sampled=9)  # token 7 fits in block 1
+    step(kv, a, 1, sampled=9)  # token 8 fills it
+    assert kv.block_ids(a, 8) == [0, 1] and kv.pool.num_free_blocks == 6
+    step(kv, a, 1)  # token 9 opens block 2
+    assert kv.block_ids(a, 9) == [0, 1, 2] and a.block_table.num_tokens == 9
+    assert refs(kv) == [1, 1, 1, 0, 0, 0, 0, 0]
+
+
+def test_a_chunked_prompt_allocates_only_the_chunk():
+    kv = manager()
+    a = seq(range(1, 11))
+    step(kv, a, 3)
+    assert kv.block_ids(a, 3) == [0] and a.block_table.num_tokens == 3
+    step(kv, a, 7)
+    assert kv.block_ids(a, 10) == [0, 1, 2] and a.block_table.num_tokens == 10
+
+
+def test_can_schedule_counts_the_blocks_the_plan_needs():
+    kv = manager(num_blocks=3)
+    assert kv.can_schedule([seq(range(12))], [12])  # 3 blocks
+    assert not kv.can_schedule([seq(range(13))], [13])  # 4 blocks
+    a = seq(range(10))
+    step(kv, a, 6)  # 2 blocks taken, 1 free; 6 computed tokens leave 2 slots in block 1
+    assert kv.can_schedule([a], [2])  # fits in block 1: no new block
+    assert kv.can_schedule([a], [4])  # 2 in block 1, 2 in the one free block
+    assert not kv.can_schedule([a, seq(range(5))], [4, 1])  # a's new block + the other's first
+    assert kv.can_schedule([a, seq(range(5))], [4, 0])
+
+
+def test_allocate_raises_and_leaves_the_table_when_the_pool_is_short():
+    kv = manager(num_blocks=2)
+    a = seq(range(12))
+    with pytest.raises(NoFreeBlocksError):
+        kv.allocate(a, 12)
+    assert a.block_table.block_ids == [] and a.block_table.num_tokens == 0 and kv.pool.num_free_blocks == 2
+
+
+# -- forks and copy-on-write ---------------------------------------------------------------
+def test_fork_shares_every_block_and_the_hashes():
+    kv = manager(caching=True)
+    parent = seq(range(1, 10))
+    step(kv, parent, 9, sampled=50)
+    child = seq(range(1, 10))
+    kv.fork(parent, child)
+    assert child.block_table.block_ids == parent.block_table.block_ids == [0, 1, 2]
+    assert child.block_table.num_tokens == 9
+    assert refs(kv)[:4] == [2, 2, 2, 0]
+    assert child.block_hashes == parent.block_hashes == chain_hashes(list(range(1, 10)), BS)
+    assert child.block_hashes is not parent.block_hashes
+    assert kv.stats()["blocks_saved"] == 3
+
+
+def test_the_first_writer_of_a_shared_partial_block_copies_it():
+    kv = manager()
+    parent, child = forked_pair(kv)  # share blocks [0, 1]; block 1 holds 2 of the prompt's 6 tokens
+    assert kv.can_schedule([parent, child], [1, 1])  # one copy: needs 1 free block
+    copies = step(kv, child, 1)
+    assert copies == [(1, 2)]  # the K/V of tokens 4-5 go to the child's own block 2
+    assert child.block_table.block_ids == [0, 2] and parent.block_table.block_ids == [0, 1]
+    assert refs(kv)[:3] == [2, 1, 1]
+    assert step(kv, parent, 1) == []  # block 1 is the parent's alone now: written in place
+    assert parent.block_table.block_ids == [0, 1]
+    assert kv.stats()["cow_copies"] == 1 and kv.num_cow_copies == 1
+
+
+def test_two_writers_of_a_block_nobody_else_holds_need_one_copy():
+    kv = manager(num_blocks=3)
+    parent, child = forked_pair(kv)  # blocks [0, 1] shared, one block free
+    assert kv.can_schedule([parent, child], [1, 1])  # one copies block 1, the other keeps it
+    full = manager(num_blocks=2)
+    p2, c2 = forked_pair(full)
+    assert not full.can_schedule([p2, c2], [1, 1])  # the copy has no block to go to
+
+
+def test_a_lone_writer_of_a_block_shared_with_others_copies():
+    kv = manager(num_blocks=2)
+    parent, child = forked_pair(kv)
+    # child alone writes into block 1 that the parent keeps: one copy, and the pool has none free
+    assert not kv.can_schedule([child], [1])
+    with pytest.raises(NoFreeBlocksError):
+        kv.allocate(child, 1)
+    assert child.block_table.block_ids == [0, 1] and refs(kv) == [2, 2] and kv.num_cow_copies == 0
+
+
+def test_a_fork_on_a_block_boundary_copies_nothing():
+    kv = manager()
+    parent, child = forked_pair(kv, prompt_len=8)  # blocks [0, 1], both full
+    assert step(kv, child, 1) == [] and step(kv, parent, 1) == []
+    assert child.block_table.block_ids == [0, 1, 2] and parent.block_table.block_ids == [0, 1, 3]
+    assert refs(kv)[:4] == [2, 2, 1, 1] and kv.num_cow_copies == 0
+
+
+def test_free_drops_one_reference_and_frees_the_tail_first():
+    kv = manager()
+    parent, child = forked_pair(kv)
+    step(kv, child, 1)  # child: [0, 2]
+    kv.free(child)
+    assert child.block_table.block_ids == [] and child.block_table.num_tokens == 0
+    assert refs(kv)[:3] == [1, 1, 0]
+    kv.free(parent)
+    assert kv.pool.num_free_blocks == 8
+    # freed in reverse: the parent's tail block 1 before its first block 0
+    assert [b.block_id for b in kv.pool.free_queue] == [3, 4, 5, 6, 7, 2, 1, 0]
+
+
+# -- prefix caching ------------------------------------------------------------------------
+def written(kv: PagedKVManager, tokens) -> Sequence:
+    """A sequence whose whole prompt was computed by a step that succeeded, then freed."""
+    s = seq(tokens)
+    assert kv.match_prefix(s) == 0
+    step(kv, s, len(s))
+    kv.mark_written()
+    kv.free(s)
+    return s
+
+
+def test_match_prefix_shares_the_cached_full_blocks():
+    kv = manager(caching=True)
+    written(kv, range(1, 10))  # blocks 0, 1 full and published; block 2 partial
+    assert kv.stats()["cached_blocks"] == 2
+    b = seq([*range(1, 9), 20, 21])
+    assert kv.match_prefix(b) == 8
+    assert b.block_table.block_ids == [0, 1] and b.block_table.num_tokens == 8
+    assert refs(kv)[:3] == [1, 1, 0]
+    b.num_computed_tokens = 8
+    assert step(kv, b, 2) == []
+    assert b.block_table.block_ids == [0, 1, 3]  # block 2 waits behind the never-used ones
+
+
+def test_match_prefix_always_leaves_the_last_token_to_compute():
+    kv = manager(caching=True)
+    written(kv, range(1, 10))
+    whole = seq(range(1, 9))  # exactly the two cached blocks
+    assert kv.match_prefix(whole) == 4  # block 1 holds the last token: it is computed again
+    assert whole.block_table.block_ids == [0]
+
+
+def test_match_prefix_misses_on_other_tokens_and_needs_caching_and_a_fresh_sequence():
+    kv = manager(caching=True)
+    written(kv, range(1, 10))
+    assert kv.match_prefix(seq([9, *range(2, 10)])) == 0  # first block differs: nothing after it
+    started = seq(range(1, 10))
+    started.num_computed_tokens = 2
+    assert kv.match_prefix(started) == 0 and started.block_table.block_ids == []
+    plain = manager(caching=False)
+    written(plain, range(1, 10))
+    assert plain.match_prefix(seq(range(1, 10))) == 0 and plain.stats()["cached_blocks"] == 0
+
+
+def test_a_block_is_published_the_step_it_fills():
+    kv = manager(caching=True)
+    a = seq(range(1, 11))
+    kv.match_prefix(a)
+    step(kv, a, 3)
+    assert kv.stats()["cached_blocks"] == 0  # block 0 holds 3 of 4 tokens
+    step(kv, a, 3)
+    assert kv.stats()["cached_blocks"] == 1  # block 0 full after this step, block 1 not
+    assert kv.pool_view()[1][:2] == [True, False]
+    assert a.block_hashes == chain_hashes(list(range(1, 5)), BS)
+
+
+def test_drop_unwritten_withdraws_what_the_failed_step_published():
+    kv = manager(caching=True)
+    written(kv, range(1, 5))  # block 0 published by a step that succeeded
+    a = seq(range(1, 14))
+    assert kv.match_prefix(a) == 4
+    a.num_computed_tokens = 4
+    step(kv, a, 9)  # publishes blocks 1, 2 (full once the step runs), block 3 partial
+    assert a.block_table.block_ids == [0, 1, 2, 3] and kv.stats()["cached_blocks"] == 3
+    kv.drop_unwritten()  # the step failed
+    assert kv.stats()["cached_blocks"] == 1
+    assert kv.pool_view()[1][:4] == [True, False, False, False]
+    assert [kv.pool.blocks[b].block_hash is None for b in (1, 2)] == [True, True]
+    late = seq(range(1, 14))
+    assert kv.match_prefix(late) == 4  # only the block written by the earlier step is a hit
+    kv.drop_unwritten()  # nothing left to withdraw
+    assert kv.stats()["cached_blocks"] == 1
+
+
+def test_mark_written_keeps_what_was_published_and_records_the_peak():
+    kv = manager(caching=True)
+    a = seq(range(1, 10))
+    kv.match_prefix(a)
+    step(kv, a, 9)
+    assert kv.peak_slots_allocated == 0  # updated only once the step ran
+    kv.mark_written()
+    assert kv.peak_slots_allocated == 12 and kv.slots_allocated() == 12
+    kv.drop_unwritten()
+    assert kv.stats()["cached_blocks"] == 2
+    kv.free(a)
+    kv.mark_written()
+    assert kv.slots_allocated() == 0 and kv.peak_slots_allocated == 12
+    assert kv.pool_view() == ([0] * 8, [True, True] + [False] * 6, 8)  # cached blocks stay cached
+
+
+def test_a_hit_on_a_block_published_in_the_same_step_is_withdrawn_with_it():
+    kv = manager(caching=True)
+    a, b = seq(range(1, 10)), seq(range(1, 10))
+    kv.match_prefix(a)
+    step(kv, a, 9)  # same step: a publishes blocks 0, 1 ...
+    assert kv.match_prefix(b) == 8  # ... and b, admitted after it, shares them
+    kv.drop_unwritten()
+    assert kv.stats()["cached_blocks"] == 0
+    assert refs(kv)[:3] == [2, 2, 1]  # b keeps its references; only the cache forgets the blocks
+    assert kv.match_prefix(seq(range(1, 10))) == 0
+
+
+def test_evicting_a_cached_block_counts():
+    kv = manager(num_blocks=3, caching=True)
+    written(kv, range(1, 10))  # 3 blocks, 2 cached, all free
+    big = seq(range(100, 112))
+    assert kv.match_prefix(big) == 0
+    step(kv, big, 12)  # takes every block, the 2 cached ones included
+    assert kv.stats()["prefix_evictions"] == 2
+    assert kv.match_prefix(seq(range(1, 10))) == 0
+
+
+# -- swapping ------------------------------------------------------------------------------
+def test_swap_out_moves_a_unit_to_the_host_pool_keeping_its_sharing():
+    kv = manager(host=4)
+    other = seq(range(90, 94))
+    step(kv, other, 4)  # block 0
+    parent, child = forked_pair(kv)  # share [1, 2]
+    step(kv, child, 1)  # copy-on-write: child [1, 3]
+    step(kv, parent, 1)
+    unit = [parent, child]
+    assert kv.can_swap_out(unit) and not manager().can_swap_out(unit)
+    pairs = kv.swap_out(unit)
+    assert pairs == [(1, 0), (2, 1), (3, 2)]  # device -> host, one per distinct block
+    assert parent.block_table.block_ids == [0, 1] and child.block_table.block_ids == [0, 2]
+    assert refs(kv, kv.host_pool) == [2, 1, 1, 0]
+    assert refs(kv) == [1, 0, 0, 0, 0, 0, 0, 0] and kv.pool.num_free_blocks == 7
+    assert kv.stats()["swapped_out_blocks"] == 3
+    assert kv.tokens_held([other]) == 4
+
+
+def test_can_swap_out_needs_room_for_every_distinct_block():
+    kv = manager(host=2)
+    parent, child = forked_pair(kv)
+    step(kv, child, 1)  # 3 distinct blocks: [0, 1] and [0, 2]
+    assert not kv.can_swap_out([parent, child])
+    assert kv.can_swap_out([parent])
+
+
+def test_swap_in_brings_the_unit_back_and_free_uses_the_right_pool():
+    kv = manager(host=4)
+    parent, child = forked_pair(kv)
+    step(kv, child, 1)
+    step(kv, parent, 1)
+    unit = [parent, child]
+    kv.swap_out(unit)  # host [0, 1] and [0, 2]
+    taken = seq(range(20))
+    step(kv, taken, 20)  # 5 of the 8 device blocks: 3 free
+    assert kv.can_swap_in(unit, [1, 1])  # 3 distinct blocks, the next tokens fit in them
+    assert not kv.can_swap_in(unit, [2, 1])  # the parent's 9th token needs a 4th block
+    pairs = kv.swap_in(unit)
+    # host -> device, into the blocks the swap-out freed (tail first: 1, 2, then the shared 0)
+    assert pairs == [(0, 1), (1, 2), (2, 0)]
+    assert parent.block_table.block_ids == [1, 2] and child.block_table.block_ids == [1, 0]
+    assert refs(kv)[:3] == [1, 2, 1] and refs(kv, kv.host_pool) == [0, 0, 0, 0]
+    assert kv.stats()["swapped_in_blocks"] == 3
+    kv.free(child)
+    kv.free(parent)
+    assert refs(kv) == [0, 0, 0, 1, 1, 1, 1, 1]  # only ``taken`` holds blocks
+
+
+def test_freeing_a_swapped_out_sequence_gives_back_host_blocks():
+    kv = manager(host=4)
+    parent, child = forked_pair(kv)
+    kv.swap_out([parent, child])
+    kv.free(parent)
+    assert refs(kv, kv.host_pool) == [1, 1, 0, 0] and kv.pool.num_free_blocks == 8
+    kv.free(child)
+    assert kv.host_pool.num_free_blocks == 4 and kv.pool.num_free_blocks == 8
+
+
+# -- figures -------------------------------------------------------------------------------
+def test_refuse_names_the_blocks_and_the_pool():
+    kv = manager(num_blocks=8)
+    assert kv.refuse(33, 1) is None  # 32 stored tokens: 8 blocks
+    assert kv.refuse(34, 1) == "needs 9 blocks of 4 tokens but the whole pool has 8"
+    assert kv.refuse(17, 2) is None
+    assert kv.refuse(18, 2) == "needs 10 blocks of 4 tokens but the whole pool has 8"
+
+
+def test_tokens_held_counts_a_shared_slot_once():
+    kv = manager()
+    parent, child = forked_pair(kv)
+    assert kv.tokens_held([parent, child]) == 6 and kv.slots_allocated() == 8
+    step(kv, child, 1)
+    step(kv, parent, 1)
+    assert kv.tokens_held([parent, child]) == 4 + 3 + 3  # block 0 shared, blocks 1 and 2 own
+    assert kv.slots_allocated() == 12
+    assert kv.tokens_held([parent]) == 7 and kv.tokens_held([]) == 0
+
+
+def test_stats_and_pool_view():
+    kv = manager(caching=True)
+    parent = seq(range(1, 7))
+    kv.match_prefix(parent)
+    step(kv, parent, 6, sampled=50)
+    child = seq(range(1, 7))
+    kv.fork(parent, child)
+    child.num_computed_tokens = 6
+    child.token_ids.append(51)
+    step(kv, child, 1)
+    assert kv.stats() == dict(
+        num_free_blocks=5,
+        blocks_saved=1,
+        cached_blocks=1,
+        prefix_evictions=0,
+        cow_copies=1,
+        swapped_out_blocks=0,
+        swapped_in_blocks=0,
+    )
+    assert kv.pool_view() == ([2, 1, 1, 0, 0, 0, 0, 0], [True] + [False] * 7, 5)
