@@ -378,7 +378,7 @@ class LearnerBackend(TorchBackend):
         return out
 
 
-def plugins_for(parts: dict[int, ModuleType], calls: Counter, num_blocks: int) -> EnginePlugins:
+def plugins_for(parts: dict[int, ModuleType], calls: Counter) -> EnginePlugins:
     """The engine's plug-in points filled with your pieces (the package's where ``parts`` has no stage)."""
     plugins = EnginePlugins()
     if 1 in parts:
@@ -415,7 +415,7 @@ def build(parts: dict[int, ModuleType], calls: Counter, max_num_batched_tokens: 
     num_blocks = BUDGET // per_block
     return LLM(
         block_size=BLOCK_SIZE, num_kvcache_blocks=num_blocks, max_num_seqs=8, enable_prefix_caching=True,
-        max_num_batched_tokens=max_num_batched_tokens, plugins=plugins_for(parts, calls, num_blocks),
+        max_num_batched_tokens=max_num_batched_tokens, plugins=plugins_for(parts, calls),
     )  # fmt: skip
 
 
