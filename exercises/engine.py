@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, MutableSequence
 from collections.abc import Sequence as SequenceOf  # Sequence is the engine's
 from types import ModuleType
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -230,27 +230,43 @@ def learner_slot_mapping(learner: ModuleType, calls: Counter) -> Callable[..., t
 def learner_policy(learner: ModuleType, calls: Counter) -> Callable[[Scheduler], ScheduledBatch]:
     """``EnginePlugins.scheduler_policy``: your ``schedule`` decides, the scheduler carries it out.
 
-    Waiting sequences first get their prefix hits (``Scheduler.match_waiting``), so your
-    ``schedule`` sees them as computed tokens; ``Scheduler.carry_out`` then preempts, admits and
-    grows what you decided (and gives back the hits of those you left waiting). All are matched
-    before anything is admitted, so two prompts admitted in the same step do not share what the
-    first publishes in it (the package's policy matches each just before admitting it).
+    A waiting prompt's prefix hit counts as computed tokens, but taking a hit takes its blocks
+    (a cached free block leaves the free list): as the package's policy does, each waiting
+    sequence is matched (``Scheduler.match_waiting``) only once those before it are admitted.
+    So your ``schedule`` is asked first with the running sequences and no waiting ones, then with
+    the first waiting one, matched, then the first two, ...; the step is its answer for the
+    longest front of the queue it admits whole. ``Scheduler.carry_out`` then gives back the hit
+    of the one left out, preempts, admits and grows what you decided. (Two prompts admitted in
+    the same step do not share what the first publishes in it: the package's policy matches each
+    after the one before it has its blocks.)
     """
 
     def policy(scheduler: Scheduler) -> ScheduledBatch:
         calls[5] += 1
         kv = scheduler.kv
         assert isinstance(kv, PagedKVManager)  # build() makes a paged engine
-        scheduler.match_waiting()
-        names: dict[str, Sequence] = {f"R{s.seq_id}": s for s in [*scheduler.running, *scheduler.waiting]}
+        waiting, running = list(scheduler.waiting), list(scheduler.running)
+        names: dict[str, Sequence] = {f"R{s.seq_id}": s for s in [*running, *waiting]}
 
         def record(s: Sequence) -> object:
             return learner.Seq(f"R{s.seq_id}", len(s), s.num_computed_tokens, len(s.block_table.block_ids))
 
-        step = learner.schedule(
-            [record(s) for s in scheduler.waiting], [record(s) for s in scheduler.running],
-            kv.pool.num_free_blocks, kv.table_block_size, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
-        )  # fmt: skip
+        def decide(front: list[Sequence]) -> tuple[Any, int]:  # (your Step, how many it admits)
+            step = learner.schedule(
+                [record(s) for s in front], [record(s) for s in running], kv.pool.num_free_blocks,
+                kv.table_block_size, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
+            )  # fmt: skip
+            return step, sum(names[name] in front for name, _ in step.scheduled)
+
+        step, _ = decide([])
+        for k in range(1, len(waiting) + 1):
+            if step.preempted:  # memory is tight: nobody is admitted
+                break
+            scheduler.match_waiting(waiting[k - 1])
+            longer, admitted = decide(waiting[:k])
+            if admitted < k:
+                break
+            step = longer
         if step.preempted:
             calls[5, "preempted"] += 1
         if any(names[name].num_computed_tokens + n < len(names[name]) for name, n in step.scheduled):
@@ -404,15 +420,21 @@ def plugins_for(parts: dict[int, ModuleType], calls: Counter) -> EnginePlugins:
     return plugins
 
 
-def build(parts: dict[int, ModuleType], calls: Counter, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> LLM:
-    """An engine with your pieces in it (the package's where ``parts`` has no stage)."""
+def build(
+    parts: dict[int, ModuleType],
+    calls: Counter,
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    num_kvcache_blocks: int | None = None,
+) -> LLM:
+    """An engine with your pieces in it (the package's where ``parts`` has no stage); a pool of
+    ``num_kvcache_blocks`` instead of the 1 MiB budget's."""
     config = ModelConfig.from_json(EMBEDDED_MODEL_DIR / "config.json")
     if 0 in parts:
         per_block = BLOCK_SIZE * parts[0].kv_bytes_per_token(config, torch.float32)
         calls[0] += 1
     else:
         per_block = block_nbytes(config, BLOCK_SIZE, torch.float32)
-    num_blocks = BUDGET // per_block
+    num_blocks = num_kvcache_blocks or BUDGET // per_block
     return LLM(
         block_size=BLOCK_SIZE, num_kvcache_blocks=num_blocks, max_num_seqs=8, enable_prefix_caching=True,
         max_num_batched_tokens=max_num_batched_tokens, plugins=plugins_for(parts, calls),
@@ -429,14 +451,15 @@ def run(
     num_prompts: int = 4,
     requests: tuple[list[str], list[SamplingParams]] | None = None,
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    num_kvcache_blocks: int | None = None,
 ) -> tuple[int, int, Counter, list[str]]:
     """Serve the workload (or ``requests``) with ``parts`` plugged in and with the package alone.
     Returns (requests whose every completion is identical, requests, calls per stage, your
     engine's first completion of each request)."""
     prompts, params = requests or workload(num_prompts)
-    want = serve(build({}, Counter(), max_num_batched_tokens), prompts, params)
+    want = serve(build({}, Counter(), max_num_batched_tokens, num_kvcache_blocks), prompts, params)
     calls: Counter = Counter()
-    llm = build(parts, calls, max_num_batched_tokens)
+    llm = build(parts, calls, max_num_batched_tokens, num_kvcache_blocks)
     outs = llm.generate(prompts, params, use_tqdm=False)
     same = sum([c.token_ids for c in o.outputs] == w for o, w in zip(outs, want))
     return same, len(prompts), calls, [o.outputs[0].text for o in outs]

@@ -154,21 +154,28 @@ class Scheduler:
             budget -= self._add_to_batch(unit, plan, batch)
         return batch
 
-    def match_waiting(self) -> None:
-        """Give every waiting sequence its prefix-cache hit before a policy decides (its
-        ``num_computed_tokens`` then counts the hit): what :meth:`carry_out` does not admit gives it back."""
-        for s in self.waiting:
-            if s.beam is not None:
-                raise ValueError("a policy of single sequences cannot schedule beam search")
-            s.num_computed_tokens = s.num_cached_tokens = self.kv.match_prefix(s)
+    def match_waiting(self, seq: Sequence) -> int:
+        """Give waiting ``seq`` its prefix-cache hit before a policy decides (its
+        ``num_computed_tokens`` then counts the hit); returns the tokens hit. :meth:`carry_out`
+        gives the hit back if the policy leaves ``seq`` waiting."""
+        if seq.status is not Status.WAITING or seq.beam is not None:
+            raise ValueError(f"sequence {seq.seq_id} is not a waiting single sequence")
+        if not seq.num_computed_tokens:
+            seq.num_computed_tokens = seq.num_cached_tokens = self.kv.match_prefix(seq)
+        return seq.num_computed_tokens
 
     def carry_out(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence]) -> ScheduledBatch:
-        """The batch of a policy's decisions: preempt ``preempted`` (in order, by swap or
-        recompute as the package's policy would), then give each ``(seq, n)`` of ``scheduled``
-        room for ``n`` new tokens, admitting it if it was waiting. Waiting sequences left out
-        give back any prefix hit :meth:`match_waiting` gave them. Single sequences only (no beams).
+        """The batch of a policy's decisions: waiting sequences left out give back any prefix hit
+        :meth:`match_waiting` gave them; then ``preempted`` are preempted (in order, by swap or
+        recompute as the package's policy would), and each ``(seq, n)`` of ``scheduled`` gets room
+        for ``n`` new tokens, admitted if it was waiting. Single sequences only (no beams).
         """
         batch = self.in_flight = ScheduledBatch(block_size=self.kv.table_block_size)
+        chosen = {id(seq) for seq, _ in scheduled}
+        for s in self.waiting:
+            if s.num_computed_tokens and id(s) not in chosen:
+                self.kv.free(s)
+                s.num_computed_tokens = s.num_cached_tokens = 0
         for seq in preempted:
             if seq.status is not Status.RUNNING:
                 raise ValueError(f"sequence {seq.seq_id} is not running: it cannot be preempted")
@@ -181,10 +188,6 @@ class Scheduler:
             elif seq.status is not Status.RUNNING:
                 raise ValueError(f"sequence {seq.seq_id} is {seq.status.name}: it cannot be scheduled")
             self._add_to_batch([seq], [n], batch)
-        for s in self.waiting:
-            if s.num_computed_tokens:
-                self.kv.free(s)
-                s.num_computed_tokens = s.num_cached_tokens = 0
         return batch
 
     def _start(self, unit: list[Sequence]) -> None:

@@ -64,6 +64,16 @@ def test_a_long_prompt_in_small_chunks():
     assert calls[3, "mid-sequence"] >= 3 and calls[6, "hit"] == 0 and calls[5, "chunked"] >= 3, calls
 
 
+def test_a_tight_pool_preempts_through_the_learners_schedule():
+    """8 blocks for 4 prompts: the learner's schedule preempts the newest; recomputed, it finds its
+    own blocks still in the prefix cache (through the learner's lookup). Still the package's text."""
+    prompts, _ = engine.workload(4)
+    requests = (prompts, [SamplingParams(temperature=0, max_tokens=24)] * 4)
+    same, total, calls, _ = engine.run(solutions((1, 3, 5, 6)), requests=requests, num_kvcache_blocks=8)
+    assert (same, total) == (4, 4)
+    assert calls[5, "preempted"] > 0 and calls[6, "hit"] > 0 and calls[3] > 0, calls
+
+
 def test_nothing_plugged_is_the_package_alone():
     same, total, calls, _ = engine.run({}, num_prompts=2)
     assert (same, total) == (2, 2) and not calls
