@@ -2,37 +2,43 @@
 
 Every stage whose checks all pass lends its pieces to a real ``minipaged.LLM``, which then
 serves the demo workload (copy prompts, half of them behind one shared preamble, prefix caching
-on); the package's own code does the rest. The same workload through the package's engine alone
-is the reference: every completion must be identical.
+on, steps of at most 64 tokens so that long prompts are prefilled in chunks, and one prompt
+asking for ``n=2`` samples, which fork and copy on write); the package's own code does the rest.
+The same workload through the package's engine alone is the reference: every completion must be
+identical.
 
-| stage | your piece | where it goes in the engine |
+| stage | your piece | ``EnginePlugins`` field: where it runs in the engine |
 |---|---|---|
-| 0 | ``kv_bytes_per_token`` | sizes the pool: a 1 MiB budget over your bytes per block |
-| 1 | ``LifoPool``, ``fork`` | every block of the pool comes from your pool (LIFO order) |
-| 2 | ``gather`` | reads each sequence's K/V for the prefill attention (else stage 3's ``gather_sequence_kv``) |
-| 3 | ``decode_slot_mapping``, ``prefill_slot_mapping`` | the slots of every decode step and of every prefill from 0 |
-| 4 | ``store_kvcache_kernel`` | writes every layer's new K/V into the cache (Triton) |
-| 5 | ``schedule`` | decides every step: who runs, with how many tokens, who is preempted |
-| 6 | ``chain_block_hashes`` | names every full block for the prefix cache |
-| 7 | ``paged_decode_kernel`` | every decode step's attention (Triton) |
+| 0 | ``kv_bytes_per_token`` | (none) sizes the pool: a 1 MiB budget over your bytes per block |
+| 1 | ``LifoPool``, ``fork`` | ``block_pool``: every block (LIFO order); ``fork``: samples share a prompt's blocks |
+| 2 | ``gather`` | ``attention_backend``: reads each sequence's K/V for the prefill attention |
+| 3 | ``decode_slot_mapping``, ``prefill_slot_mapping`` | ``slot_mapping``: the slots of every step, of every kind |
+| 4 | ``store_kvcache_kernel`` | ``attention_backend``: writes every layer's new K/V into the cache (Triton) |
+| 5 | ``schedule`` | ``scheduler_policy``: decides every step: who runs, how many tokens, who is preempted |
+| 6 | ``chain_block_hashes`` | ``block_hashes``: names every full block for the prefix cache |
+| 6 | ``reusable_prefix_tokens`` | ``prefix_lookup``: how many tokens of each new prompt the cache gives |
+| 6 | ``copy_on_write`` | ``copy_on_write``: a sample's first write into a block it shares |
+| 7 | ``paged_decode_kernel`` | ``attention_backend``: every decode step's attention (Triton) |
 
-The engine is built by the package and then given these pieces through its seams: the pool of
-the KV manager, an attention backend (:class:`minipaged.attention.backends.AttentionBackend`),
-the scheduler, and, for the pure functions of stages 3 and 6, the module functions the engine
-calls (:func:`plugged`). Each piece counts its calls, so the report says what your code did.
-Triton runs in its interpreter on a CPU: the workload is kept small.
+Stage 2's ``gather`` (else stage 3's ``gather_sequence_kv``) reads K/V for the prefill. Stage 3's
+slots cover every kind of step: decodes, whole prompts, chunks of a long prompt, the rest of a
+prompt after a prefix hit, and batches that mix them.
+
+The engine is built with these pieces through :class:`minipaged.engine.plugins.EnginePlugins`
+(``LLM(plugins=...)``), the same seam the package's own pieces go through. Each piece counts its
+calls (``calls[stage]``, and ``calls[stage, what]`` by kind of call or step), so the report says
+what your code did. Triton runs in its interpreter on a CPU: the workload is kept small.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, MutableSequence
+from collections.abc import Callable, Iterable, MutableSequence
 from collections.abc import Sequence as SequenceOf  # Sequence is the engine's
 from types import ModuleType
-from typing import Protocol
-from unittest import mock
+from typing import Any, Protocol
 
 import torch
 
@@ -46,10 +52,11 @@ from minipaged.attention.metadata import PagedMetadata
 from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.config import block_nbytes
 from minipaged.engine.kv_manager import PagedKVManager
+from minipaged.engine.plugins import EnginePlugins
 from minipaged.engine.scheduler import Scheduler
-from minipaged.engine.sequence import Sequence, Status
-from minipaged.kv import slot_mapping as package_slots
-from minipaged.kv.block_pool import KVCacheBlock
+from minipaged.engine.sequence import Sequence
+from minipaged.kv.block_pool import KVBlockPool, KVCacheBlock
+from minipaged.kv.prefix_cache import PrefixCache
 from minipaged.model.config import ModelConfig
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
 from minipaged.tiny import task
@@ -64,21 +71,25 @@ PIECES = {
     3: "decode_slot_mapping, prefill_slot_mapping",
     4: "store_kvcache_kernel",
     5: "schedule",
-    6: "chain_block_hashes",
+    6: "chain_block_hashes, reusable_prefix_tokens, copy_on_write",
     7: "paged_decode_kernel",
 }
+MAX_NUM_BATCHED_TOKENS = 64  # the demo's step budget: its longer prompts are prefilled in chunks
 
 
-def workload(num_prompts: int = 4, seed: int = 0) -> tuple[list[str], SamplingParams]:
-    """The demo's copy prompts: half behind one shared preamble (so the prefix cache has hits)."""
+def workload(num_prompts: int = 4, seed: int = 0) -> tuple[list[str], list[SamplingParams]]:
+    """The demo's copy prompts: half behind one shared preamble (so the prefix cache has hits),
+    the second asking for two samples (greedy, so both copy the text; they fork from the prompt)."""
     rng = random.Random(seed)
     preamble = "You are a careful copy machine. Repeat the text exactly. "
     texts = ["hello paged attention", "blocks like os pages"][:num_prompts]
     texts += [task.random_text(rng, 4, 16) for _ in range(num_prompts - len(texts))]
     prompts = [task.prompt_for(t, preamble if i % 2 == 0 else "") for i, t in enumerate(texts)]
-    return prompts, SamplingParams(temperature=0, max_tokens=24)
+    params = [SamplingParams(temperature=0, max_tokens=24, n=2 if i == 1 else 1) for i in range(num_prompts)]
+    return prompts, params
 
 
+# -- stage 1: your pool as the engine's block pool ---------------------------------------------
 class Stage1Pool(Protocol):
     """What the engine reads of your stage 1 pool (``TinyPool``'s names)."""
 
@@ -106,15 +117,19 @@ class _BlockView(KVCacheBlock):
         pass  # the learner's pool keeps the count
 
 
+def _block_id(block: KVCacheBlock | int) -> int:
+    return block.block_id if isinstance(block, KVCacheBlock) else block
+
+
 class LearnerPool:
-    """Stage 1's pool under the engine's ``BlockPool`` interface (prefix caching included: a
-    cached free block is revived by taking it out of your free list, and evicted when your
-    ``allocate`` hands it out again)."""
+    """Stage 1's pool under the engine's block pool interface (:class:`KVBlockPool`), prefix
+    caching included: a cached free block is revived by taking it out of your free list, and
+    evicted when your ``allocate`` hands it out again."""
 
     def __init__(self, pool: Stage1Pool, num_blocks: int, calls: Counter) -> None:
         self.pool, self.calls, self.num_blocks = pool, calls, num_blocks
         self.blocks = [_BlockView(pool, i) for i in range(num_blocks)]
-        self.on_evict: Callable[[KVCacheBlock], None] | None = None
+        self.on_evict: Callable[[KVCacheBlock], None] | None = None  # set by the prefix cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -126,6 +141,7 @@ class LearnerPool:
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
         self.calls[1] += 1
+        self.calls[1, "allocate"] += 1
         blocks: list[KVCacheBlock] = [self.blocks[i] for i in self.pool.allocate(n)]
         for block in blocks:
             if block.block_hash is not None:
@@ -134,19 +150,205 @@ class LearnerPool:
                 block.block_hash = None
         return blocks
 
-    def free(self, blocks: list) -> None:
+    def free(self, blocks: Iterable[KVCacheBlock | int]) -> None:
         self.calls[1] += 1
-        self.pool.free([b.block_id if isinstance(b, KVCacheBlock) else b for b in blocks])
+        self.calls[1, "free"] += 1
+        self.pool.free([_block_id(b) for b in blocks])
 
     def share(self, block: KVCacheBlock | int) -> None:
-        self.pool.share(block.block_id if isinstance(block, KVCacheBlock) else block)
+        self.pool.share(_block_id(block))
 
-    def touch(self, block: KVCacheBlock) -> None:
-        if self.pool.ref_cnt[block.block_id] == 0:
-            self.pool.free_list.remove(block.block_id)
-        self.pool.ref_cnt[block.block_id] += 1
+    def touch(self, block: KVCacheBlock | int) -> None:
+        block_id = _block_id(block)
+        if self.pool.ref_cnt[block_id] == 0:
+            self.pool.free_list.remove(block_id)
+        self.pool.ref_cnt[block_id] += 1
 
 
+def learner_fork(learner: ModuleType, calls: Counter) -> Callable[[KVBlockPool, list[int]], list[int]]:
+    """``EnginePlugins.fork``: your ``fork(pool, block_ids)`` (its signature is the engine's)."""
+
+    def fork(pool: KVBlockPool, block_ids: list[int]) -> list[int]:
+        calls[1] += 1
+        calls[1, "fork"] += 1
+        return learner.fork(pool, block_ids)
+
+    return fork
+
+
+# -- stage 3: your slot mappings for every step ------------------------------------------------
+def step_kind(starts: SequenceOf[int], ends: SequenceOf[int]) -> str:
+    """``"decode"`` (one new token each), ``"prefill"`` (no decode row) or ``"mixed"``."""
+    decodes = sum(e - s == 1 for s, e in zip(starts, ends))
+    return "decode" if decodes == len(starts) else "prefill" if decodes == 0 else "mixed"
+
+
+def learner_slot_mapping(learner: ModuleType, calls: Counter) -> Callable[..., torch.Tensor]:
+    """``EnginePlugins.slot_mapping`` from your two functions, on every kind of step.
+
+    The engine asks for the slots of positions ``starts[i] .. ends[i] - 1`` of each sequence.
+    Rows with one new token (decodes, or a 1-token chunk) go to your ``decode_slot_mapping``
+    (``context_lens = ends``). The others go to your ``prefill_slot_mapping``, which writes a
+    sequence from position 0: a chunk of a long prompt, or the rest of a prompt after a prefix
+    hit, starts further on, so it maps positions ``0 .. ends[i] - 1`` and the slice from
+    ``starts[i]`` is taken (those first slots are the same whichever step writes them).
+    """
+
+    def slot_mapping(
+        tables: SequenceOf[SequenceOf[int]],
+        starts: SequenceOf[int],
+        ends: SequenceOf[int],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        kind = step_kind(starts, ends)
+        calls[3] += 1
+        calls[3, kind] += 1
+        if any(s > 0 and e - s > 1 for s, e in zip(starts, ends)):
+            calls[3, "mid-sequence"] += 1  # a chunk after the first, or a prefill after a prefix hit
+        ids = [list(t) for t in tables]
+        rows: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * len(ids)
+        decode = [i for i in range(len(ids)) if ends[i] - starts[i] == 1]
+        prefill = [i for i in range(len(ids)) if ends[i] - starts[i] != 1]
+        if decode:
+            slots = learner.decode_slot_mapping([ids[i] for i in decode], [ends[i] for i in decode], block_size)
+            for k, i in enumerate(decode):
+                rows[i] = slots[k : k + 1]
+        if prefill:
+            lens = [ends[i] for i in prefill]
+            slots = learner.prefill_slot_mapping([ids[i] for i in prefill], lens, block_size, pad_to=sum(lens))
+            at = 0
+            for i, n in zip(prefill, lens):
+                rows[i] = slots[at + starts[i] : at + n]
+                at += n
+        return torch.cat(rows).to(device=device, dtype=torch.int64)
+
+    return slot_mapping
+
+
+# -- stage 5: your schedule as the scheduler's policy ------------------------------------------
+def learner_policy(learner: ModuleType, calls: Counter) -> Callable[[Scheduler], ScheduledBatch]:
+    """``EnginePlugins.scheduler_policy``: your ``schedule`` decides, the scheduler carries it out.
+
+    A waiting prompt's prefix hit counts as computed tokens, but taking a hit takes its blocks
+    (a cached free block leaves the free list): as the package's policy does, each waiting
+    sequence is matched (``Scheduler.match_waiting``) only once those before it are admitted.
+    So your ``schedule`` is asked first with the running sequences and no waiting ones, then with
+    the first waiting one, matched, then the first two, ...; the step is its answer for the
+    longest front of the queue it admits whole. ``Scheduler.carry_out`` then gives back the hit
+    of the one left out, preempts, admits and grows what you decided. (Two prompts admitted in
+    the same step do not share what the first publishes in it: the package's policy matches each
+    after the one before it has its blocks.)
+    """
+
+    def policy(scheduler: Scheduler) -> ScheduledBatch:
+        calls[5] += 1
+        kv = scheduler.kv
+        assert isinstance(kv, PagedKVManager)  # build() makes a paged engine
+        waiting, running = list(scheduler.waiting), list(scheduler.running)
+        names: dict[str, Sequence] = {f"R{s.seq_id}": s for s in [*running, *waiting]}
+
+        def record(s: Sequence) -> object:
+            return learner.Seq(f"R{s.seq_id}", len(s), s.num_computed_tokens, len(s.block_table.block_ids))
+
+        def decide(front: list[Sequence]) -> tuple[Any, int]:  # (your Step, how many it admits)
+            step = learner.schedule(
+                [record(s) for s in front], [record(s) for s in running], kv.pool.num_free_blocks,
+                kv.table_block_size, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
+            )  # fmt: skip
+            return step, sum(names[name] in front for name, _ in step.scheduled)
+
+        step, _ = decide([])
+        for k in range(1, len(waiting) + 1):
+            if step.preempted:  # memory is tight: nobody is admitted
+                break
+            scheduler.match_waiting(waiting[k - 1])
+            longer, admitted = decide(waiting[:k])
+            if admitted < k:
+                break
+            step = longer
+        if step.preempted:
+            calls[5, "preempted"] += 1
+        if any(names[name].num_computed_tokens + n < len(names[name]) for name, n in step.scheduled):
+            calls[5, "chunked"] += 1
+        return scheduler.carry_out([(names[name], n) for name, n in step.scheduled], [names[p] for p in step.preempted])
+
+    return policy
+
+
+# -- stage 6: your hashes, prefix lookup and copy-on-write -------------------------------------
+def learner_block_hashes(learner: ModuleType, calls: Counter) -> Callable[..., list[int]]:
+    """``EnginePlugins.block_hashes``: your ``chain_block_hashes`` names every full block (from
+    scratch each time: the engine's ``known`` hashes are not reused, and there is no extra key)."""
+
+    def block_hashes(
+        token_ids: SequenceOf[int], block_size: int, known: list[int] | None = None, extra_key: object = None
+    ) -> list[int]:
+        calls[6] += 1
+        calls[6, "chain_block_hashes"] += 1
+        return learner.chain_block_hashes(list(token_ids), block_size)
+
+    return block_hashes
+
+
+def learner_prefix_lookup(learner: ModuleType, calls: Counter) -> Callable[..., list[KVCacheBlock]]:
+    """``EnginePlugins.prefix_lookup``: your ``reusable_prefix_tokens`` says how many tokens of a
+    new prompt the cache gives (from the cache's ``block_hash -> token ids``); the engine then
+    takes those blocks. Your count must be whole cached blocks, never the last token's."""
+
+    def prefix_lookup(
+        cache: PrefixCache, block_hashes: SequenceOf[int], token_ids: SequenceOf[int], block_size: int
+    ) -> list[KVCacheBlock]:
+        calls[6] += 1
+        calls[6, "reusable_prefix_tokens"] += 1
+        n = learner.reusable_prefix_tokens(list(token_ids), block_size, cache.cached_tokens())
+        if n % block_size or n // block_size > len(block_hashes):
+            raise ValueError(
+                f"reusable_prefix_tokens gave {n} tokens of a {len(token_ids)}-token prompt: at most "
+                f"{len(block_hashes)} whole blocks of {block_size} can be reused"
+            )
+        if n:
+            calls[6, "hit"] += 1
+        hits = [cache.blocks.get(h) for h in block_hashes[: n // block_size]]
+        if any(b is None for b in hits):
+            raise ValueError(f"reusable_prefix_tokens gave {n} tokens, but not all of their blocks are cached")
+        return [b for b in hits if b is not None]
+
+    return prefix_lookup
+
+
+def learner_copy_on_write(
+    learner: ModuleType, calls: Counter
+) -> Callable[[KVBlockPool, list[int], int], tuple[int, int] | None]:
+    """``EnginePlugins.copy_on_write``: your ``copy_on_write`` on the one table about to write.
+
+    It gets the table, the reference counts of its blocks and, when its block ``idx`` is shared,
+    the free queue's front: the block the pool hands out for the copy (taken from the pool first,
+    and given back if your function writes in place).
+    """
+
+    def copy_on_write(pool: KVBlockPool, block_ids: list[int], idx: int) -> tuple[int, int] | None:
+        calls[6] += 1
+        calls[6, "copy_on_write"] += 1
+        old = block_ids[idx]
+        ref_cnt = {b: pool.blocks[b].ref_cnt for b in block_ids}
+        spare = [b.block_id for b in pool.allocate(1)] if ref_cnt[old] > 1 else []
+        [table] = learner.copy_on_write([list(block_ids)], ref_cnt, list(spare), idx)
+        new = table[idx]
+        if new == old:
+            pool.free(spare)
+            return None
+        if [new] != spare or table[:idx] + table[idx + 1 :] != block_ids[:idx] + block_ids[idx + 1 :]:
+            raise ValueError(f"copy_on_write gave table {table} for {block_ids} (block {idx}, free {spare})")
+        calls[6, "copied"] += 1
+        pool.free([old])
+        block_ids[idx] = new
+        return old, new
+
+    return copy_on_write
+
+
+# -- stages 2, 4, 7: your attention pieces as an attention backend -----------------------------
 class LearnerBackend(TorchBackend):
     """The package's batched torch attention, with your store kernel (stage 4), your decode
     kernel (stage 7) and your gather for the prefill (stage 2, else stage 3) where you have them."""
@@ -192,122 +394,74 @@ class LearnerBackend(TorchBackend):
         return out
 
 
-class LearnerScheduler(Scheduler):
-    """Stage 5: your ``schedule`` decides each step; the package carries the decisions out."""
+def plugins_for(parts: dict[int, ModuleType], calls: Counter) -> EnginePlugins:
+    """The engine's plug-in points filled with your pieces (the package's where ``parts`` has no stage)."""
+    plugins = EnginePlugins()
+    if 1 in parts:
+        learner_pool = parts[1].LifoPool
 
-    def __init__(self, base: Scheduler, learner: ModuleType, calls: Counter) -> None:
-        vars(self).update(vars(base))
-        self.learner, self.calls = learner, calls
+        def block_pool(n: int) -> KVBlockPool:
+            return LearnerPool(learner_pool(n), n, calls)
 
-    def schedule(self) -> ScheduledBatch:
-        batch = self.in_flight = ScheduledBatch(block_size=self.kv.table_block_size)
-        self.calls[5] += 1
-        names: dict[str, Sequence] = {f"R{s.seq_id}": s for s in [*self.running, *self.waiting]}
-        for s in self.waiting:  # what the prefix cache gives a waiting sequence, before it is asked
-            s.num_computed_tokens = s.num_cached_tokens = self.kv.match_prefix(s)
-
-        def record(s: Sequence) -> object:
-            return self.learner.Seq(f"R{s.seq_id}", len(s), s.num_computed_tokens, len(s.block_table.block_ids))
-
-        assert isinstance(self.kv, PagedKVManager)  # build() makes a paged engine
-        free = self.kv.pool.num_free_blocks
-        step = self.learner.schedule(
-            [record(s) for s in self.waiting], [record(s) for s in self.running], free,
-            self.kv.table_block_size, self.max_num_seqs, self.max_num_batched_tokens,
-        )  # fmt: skip
-        for name in step.preempted:
-            self._preempt([names[name]], batch)
-        for name, n in step.scheduled:
-            seq = names[name]
-            if seq.status is Status.WAITING:
-                self.waiting.remove(seq)
-                self.num_prefix_hit_tokens += seq.num_computed_tokens
-                self._start([seq])
-            self._add_to_batch([seq], [n], batch)
-        for s in self.waiting:  # not admitted: their hits go back
-            self.kv.free(s)
-            s.num_computed_tokens = s.num_cached_tokens = 0
-        return batch
+        plugins = dataclasses.replace(plugins, block_pool=block_pool, fork=learner_fork(parts[1], calls))
+    if 3 in parts:
+        plugins = dataclasses.replace(plugins, slot_mapping=learner_slot_mapping(parts[3], calls))
+    if 5 in parts:
+        plugins = dataclasses.replace(plugins, scheduler_policy=learner_policy(parts[5], calls))
+    if 6 in parts:
+        plugins = dataclasses.replace(
+            plugins,
+            block_hashes=learner_block_hashes(parts[6], calls),
+            prefix_lookup=learner_prefix_lookup(parts[6], calls),
+            copy_on_write=learner_copy_on_write(parts[6], calls),
+        )
+    if parts.keys() & {2, 3, 4, 7}:
+        plugins = dataclasses.replace(plugins, attention_backend=LearnerBackend(parts, calls))
+    return plugins
 
 
-@contextlib.contextmanager
-def plugged(parts: dict[int, ModuleType], calls: Counter) -> Iterator[None]:
-    """Stages 3 and 6 are pure functions: the engine calls yours in place of the package's."""
-    with contextlib.ExitStack() as stack:
-        if 3 in parts:
-            learner = parts[3]
-
-            def slots(
-                tables: SequenceOf[SequenceOf[int]],
-                starts: SequenceOf[int],
-                ends: SequenceOf[int],
-                block_size: int,
-                device: torch.device | str = "cpu",
-            ) -> torch.Tensor:
-                if all(e - s == 1 for s, e in zip(starts, ends)):
-                    calls[3] += 1
-                    return learner.decode_slot_mapping([list(t) for t in tables], list(ends), block_size).to(device)
-                if not any(starts):
-                    calls[3] += 1
-                    ids = [list(t) for t in tables]
-                    return learner.prefill_slot_mapping(ids, list(ends), block_size, pad_to=sum(ends)).to(device)
-                return package_slots.build_slot_mapping(tables, starts, ends, block_size, device)
-
-            stack.enter_context(mock.patch("minipaged.attention.metadata.build_slot_mapping", slots))
-        if 6 in parts:
-            hashes = parts[6].chain_block_hashes
-
-            def chain(
-                token_ids: SequenceOf[int], block_size: int, known: list[int] | None = None, extra_key: object = None
-            ) -> list[int]:
-                calls[6] += 1
-                return hashes(list(token_ids), block_size)
-
-            stack.enter_context(mock.patch("minipaged.engine.kv_manager.chain_hashes", chain))
-        yield
-
-
-def build(parts: dict[int, ModuleType], calls: Counter) -> LLM:
-    """An engine with your pieces in it (the package's where ``parts`` has no stage)."""
+def build(
+    parts: dict[int, ModuleType],
+    calls: Counter,
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    num_kvcache_blocks: int | None = None,
+) -> LLM:
+    """An engine with your pieces in it (the package's where ``parts`` has no stage); a pool of
+    ``num_kvcache_blocks`` instead of the 1 MiB budget's."""
     config = ModelConfig.from_json(EMBEDDED_MODEL_DIR / "config.json")
     if 0 in parts:
         per_block = BLOCK_SIZE * parts[0].kv_bytes_per_token(config, torch.float32)
         calls[0] += 1
     else:
         per_block = block_nbytes(config, BLOCK_SIZE, torch.float32)
-    llm = LLM(block_size=BLOCK_SIZE, num_kvcache_blocks=BUDGET // per_block, max_num_seqs=8, enable_prefix_caching=True)
-    kv = llm.kv_manager
-    if 1 in parts:
-        assert isinstance(kv, PagedKVManager) and kv.prefix_cache is not None  # paged, prefix caching on
-        pool = LearnerPool(parts[1].LifoPool(llm.num_blocks), llm.num_blocks, calls)
-        # The learner's pool stands in for the BlockPool: the same methods, not a subclass.
-        vars(kv)["pool"] = vars(kv.prefix_cache)["pool"] = pool
-        pool.on_evict = kv.prefix_cache.evict
-        fork = parts[1].fork
-
-        def learner_fork(parent: Sequence, child: Sequence) -> None:
-            ids = fork(pool, parent.block_table.block_ids)
-            child.block_table.add_blocks(ids, parent.block_table.num_tokens)
-            child.block_hashes = list(parent.block_hashes)
-
-        vars(kv)["fork"] = learner_fork  # your fork in place of the manager's, on this engine only
-    if parts.keys() & {2, 3, 4, 7}:
-        llm.runner.attn.backend = LearnerBackend(parts, calls)
-    if 5 in parts:
-        llm.scheduler = LearnerScheduler(llm.scheduler, parts[5], calls)
-    return llm
+    num_blocks = num_kvcache_blocks or BUDGET // per_block
+    return LLM(
+        block_size=BLOCK_SIZE, num_kvcache_blocks=num_blocks, max_num_seqs=8, enable_prefix_caching=True,
+        max_num_batched_tokens=max_num_batched_tokens, plugins=plugins_for(parts, calls),
+    )  # fmt: skip
 
 
-def run(parts: dict[int, ModuleType], num_prompts: int = 4) -> tuple[int, int, Counter, list[str]]:
-    """Serve the workload with ``parts`` plugged in and with the package alone. Returns (identical
-    completions, prompts, calls per stage, your engine's completions)."""
-    prompts, params = workload(num_prompts)
-    want = [o.outputs[0].token_ids for o in LLM(block_size=BLOCK_SIZE).generate(prompts, params, use_tqdm=False)]
+def serve(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> list[list[list[int]]]:
+    """Every completion's token ids, per request."""
+    return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def run(
+    parts: dict[int, ModuleType],
+    num_prompts: int = 4,
+    requests: tuple[list[str], list[SamplingParams]] | None = None,
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    num_kvcache_blocks: int | None = None,
+) -> tuple[int, int, Counter, list[str]]:
+    """Serve the workload (or ``requests``) with ``parts`` plugged in and with the package alone.
+    Returns (requests whose every completion is identical, requests, calls per stage, your
+    engine's first completion of each request)."""
+    prompts, params = requests or workload(num_prompts)
+    want = serve(build({}, Counter(), max_num_batched_tokens, num_kvcache_blocks), prompts, params)
     calls: Counter = Counter()
-    with plugged(parts, calls):
-        llm = build(parts, calls)
-        outs = llm.generate(prompts, params, use_tqdm=False)
-    same = sum(o.outputs[0].token_ids == w for o, w in zip(outs, want))
+    llm = build(parts, calls, max_num_batched_tokens, num_kvcache_blocks)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    same = sum([c.token_ids for c in o.outputs] == w for o, w in zip(outs, want))
     return same, len(prompts), calls, [o.outputs[0].text for o in outs]
 
 
@@ -317,14 +471,17 @@ def main(num_prompts: int = 4) -> int:
     reports = harness.check(dict.fromkeys(PIECES))
     passed = {r.stage for r in reports if r.passed}
     parts = {s: harness.learner_module(s) for s in sorted(passed)}
-    print(f"the demo workload: {num_prompts} copy prompts, prefix caching on (Triton runs in its interpreter)")
+    print(
+        f"the demo workload: {num_prompts} copy prompts, prefix caching on, steps of at most "
+        f"{MAX_NUM_BATCHED_TOKENS} tokens (Triton runs in its interpreter)"
+    )
     same, total, calls, _ = run(parts, num_prompts)
     print("\nstage  your piece                                                         in the engine")
     for stage, piece in PIECES.items():
         where = f"yours ({calls[stage]} calls)" if stage in passed else NOT_YOURS
         print(f"  {stage}    {piece:<66} {where}")
     verdict = "identical to" if same == total else "DIFFERENT from"
-    print(f"\n{same}/{total} completions {verdict} the package's engine, token for token")
+    print(f"\n{same}/{total} requests' completions {verdict} the package's engine, token for token")
     if not passed:
         print("none of your stages passes its checks yet: python -m exercises stageN says where you stand")
     return 0 if same == total else 1

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from minipaged.kv.block_table import padded_block_tables
-from minipaged.kv.slot_mapping import build_slot_mapping
+from minipaged.kv.slot_mapping import SlotMappingFn, build_slot_mapping
 
 
 @dataclass
@@ -42,14 +42,17 @@ class PagedMetadata:
         q_lens: Sequence[int],
         block_size: int,
         device: torch.device | str = "cpu",
+        slot_mapping: SlotMappingFn = build_slot_mapping,
     ) -> PagedMetadata:
-        """Sequence ``i`` holds ``starts[i]`` cached tokens and brings ``q_lens[i]`` new ones."""
+        """Sequence ``i`` holds ``starts[i]`` cached tokens and brings ``q_lens[i]`` new ones.
+
+        ``slot_mapping`` computes the slots (the engine passes ``EnginePlugins.slot_mapping``)."""
         ends = [a + n for a, n in zip(starts, q_lens)]
         cu = [0]
         for n in q_lens:
             cu.append(cu[-1] + n)
         return cls(
-            slot_mapping=build_slot_mapping(block_tables, starts, ends, block_size, device),
+            slot_mapping=slot_mapping(block_tables, starts, ends, block_size, device),
             block_tables=padded_block_tables(block_tables, device=device),
             context_lens=torch.tensor(ends, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),

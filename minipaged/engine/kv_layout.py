@@ -20,6 +20,7 @@ from minipaged.attention.cache_attention import PagedAttention
 from minipaged.engine.config import EngineConfig, block_nbytes
 from minipaged.engine.contiguous_manager import ContiguousKVManager
 from minipaged.engine.kv_manager import KVManager, PagedKVManager
+from minipaged.engine.plugins import EnginePlugins
 from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.model.config import ModelConfig
 
@@ -39,9 +40,13 @@ def build_kv_layout(
     max_model_len: int,
     dtype: torch.dtype,
     device: torch.device,
+    plugins: EnginePlugins | None = None,
 ) -> KVLayout:
+    """``plugins``: the attention backend, and the paged manager's pool, hashing, prefix lookup,
+    copy-on-write and fork (:mod:`minipaged.engine.plugins`)."""
     heads = (model.num_key_value_heads, model.head_dim)
-    backend = get_backend(cfg.attention_backend, device)
+    backend = plugins.attention_backend if plugins is not None else None
+    backend = backend or get_backend(cfg.attention_backend, device)
     bs = cfg.block_size
     if cfg.kv_layout == "contiguous":
         num_slots = num_blocks * bs  # the same memory, as reservations
@@ -62,5 +67,5 @@ def build_kv_layout(
             raise ValueError(f"swap_space={cfg.swap_space} bytes holds no block of {per_block} bytes: give more")
         pin = device.type == "cuda"
         host = PagedKVCache(model.num_hidden_layers, num_host_blocks, bs, *heads, dtype=dtype, pin_memory=pin)
-    manager = PagedKVManager(num_blocks, bs, cfg.enable_prefix_caching, num_host_blocks)
+    manager = PagedKVManager(num_blocks, bs, cfg.enable_prefix_caching, num_host_blocks, plugins)
     return KVLayout(manager, cache, PagedAttention(cache.k, cache.v, backend), host)

@@ -17,13 +17,17 @@ every live beam of a beam search. ``plan`` gives each member's new tokens this s
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from minipaged.engine.sequence import Sequence
-from minipaged.kv.block_pool import BlockPool, KVCacheBlock
-from minipaged.kv.prefix_cache import PrefixCache, chain_hashes
+from minipaged.kv.block_pool import BlockPool, KVBlockPool, KVCacheBlock
+from minipaged.kv.prefix_cache import PrefixCache
 from minipaged.utils import cdiv
+
+if TYPE_CHECKING:
+    from minipaged.engine.plugins import EnginePlugins
 
 
 class KVManager(Protocol):
@@ -84,13 +88,30 @@ class PagedKVManager:
     """Blocks for sequences: prefix hits first, then one new block whenever the last one fills.
 
     With ``num_host_blocks`` a second pool in host memory takes preempted units' blocks (swap).
+    ``plugins`` gives the pool, the block hashing, the prefix lookup, copy-on-write and fork
+    (:mod:`minipaged.engine.plugins`; default: the package's).
     """
 
     can_fork = True
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_host_blocks: int = 0):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        num_host_blocks: int = 0,
+        plugins: EnginePlugins | None = None,
+    ):
+        if plugins is None:  # imported here: plugins names the scheduler, which imports this module
+            from minipaged.engine.plugins import EnginePlugins
+
+            plugins = EnginePlugins()
         self.block_size = self.table_block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.pool: KVBlockPool = plugins.block_pool(num_blocks)
+        self.hash_blocks: Callable[[Seq[int], int, list[int] | None, object], list[int]] = plugins.block_hashes
+        self.prefix_lookup = plugins.prefix_lookup
+        self.copy_on_write = plugins.copy_on_write
+        self.fork_blocks = plugins.fork
         self.host_pool = BlockPool(num_host_blocks) if num_host_blocks else None
         self.prefix_cache = PrefixCache(self.pool) if enable_prefix_caching else None
         self.peak_slots_allocated = 0
@@ -119,9 +140,10 @@ class PagedKVManager:
         """
         if self.prefix_cache is None or seq.num_computed_tokens:
             return 0
-        seq.block_hashes = chain_hashes(seq.token_ids, self.block_size, seq.block_hashes)
+        seq.block_hashes = self.hash_blocks(seq.token_ids, self.block_size, seq.block_hashes, None)
         usable = (len(seq) - 1) // self.block_size
-        hits = self.prefix_cache.lookup(seq.block_hashes[:usable], seq.token_ids, self.block_size)
+        hits = self.prefix_lookup(self.prefix_cache, seq.block_hashes[:usable], seq.token_ids, self.block_size)
+        self.prefix_cache.take(hits)
         seq.block_table.add_blocks([b.block_id for b in hits], len(hits) * self.block_size)
         return len(hits) * self.block_size
 
@@ -131,7 +153,7 @@ class PagedKVManager:
         idx = seq.num_computed_tokens // self.block_size
         return idx if idx < len(seq.block_table.block_ids) else None
 
-    def _blocks_needed(self, unit: list[Sequence], plan: list[int], pool: BlockPool) -> int:
+    def _blocks_needed(self, unit: list[Sequence], plan: list[int], pool: KVBlockPool) -> int:
         """Blocks the unit's step takes from ``pool``: growth, plus a copy for each member that
         writes into a block it shares. Of ``k`` members sharing one block that nobody else holds,
         ``k - 1`` copy it; the last finds it its own."""
@@ -155,13 +177,11 @@ class PagedKVManager:
         copies = []
         table = seq.block_table
         idx = self._tail(seq)
-        if idx is not None and self.pool.blocks[table.block_ids[idx]].ref_cnt > 1:
-            old = table.block_ids[idx]
-            new = self.pool.allocate(1)[0].block_id
-            copies.append((old, new))
-            self.pool.free([old])
-            table.block_ids[idx] = new
-            self.num_cow_copies += 1
+        if idx is not None:
+            copy = self.copy_on_write(self.pool, table.block_ids, idx)
+            if copy is not None:
+                copies.append(copy)
+                self.num_cow_copies += 1
         table.append_tokens(max(seq.num_computed_tokens + num_new_tokens - table.num_tokens, 0), self.pool)
         self._publish(seq, seq.num_computed_tokens // self.block_size, table.num_tokens // self.block_size)
         return copies
@@ -177,7 +197,7 @@ class PagedKVManager:
         if self.prefix_cache is None or end <= first:
             return
         bs, table = self.block_size, seq.block_table.block_ids
-        seq.block_hashes = chain_hashes(seq.token_ids[: end * bs], bs, seq.block_hashes[:first])
+        seq.block_hashes = self.hash_blocks(seq.token_ids[: end * bs], bs, seq.block_hashes[:first], None)
         for i in range(first, end):
             block = self.pool.blocks[table[i]]
             parent = self.pool.blocks[table[i - 1]] if i else None
@@ -186,9 +206,8 @@ class PagedKVManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (``ref_cnt + 1`` each)."""
-        for block_id in parent.block_table.block_ids:
-            self.pool.share(block_id)
-        child.block_table.add_blocks(parent.block_table.block_ids, parent.block_table.num_tokens)
+        ids = self.fork_blocks(self.pool, list(parent.block_table.block_ids))
+        child.block_table.add_blocks(ids, parent.block_table.num_tokens)
         child.block_hashes = list(parent.block_hashes)
 
     def free(self, seq: Sequence) -> None:
@@ -198,7 +217,7 @@ class PagedKVManager:
 
     # -- swapping --------------------------------------------------------------------------
     @staticmethod
-    def _remap(unit: list[Sequence], src: BlockPool, dst: BlockPool) -> list[tuple[int, int]]:
+    def _remap(unit: list[Sequence], src: KVBlockPool, dst: KVBlockPool) -> list[tuple[int, int]]:
         """Move the unit's blocks from ``src`` to ``dst``: one new block per distinct block, shared
         as it was shared within the unit. Returns the (src, dst) block pairs to copy."""
         moved: dict[int, int] = {}

@@ -34,6 +34,7 @@ from minipaged.engine.kv_layout import build_kv_layout
 from minipaged.engine.messages import Conversation, as_conversations, render, template_of
 from minipaged.engine.model_runner import ModelRunner
 from minipaged.engine.outputs import Request, RequestOutput, StepSnapshot, take_snapshot
+from minipaged.engine.plugins import EnginePlugins
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence, Status
@@ -52,6 +53,8 @@ class LLM:
     ``"pow2"`` or ``"oracle"``). ``preemption_mode="swap"`` moves a preempted sequence's blocks
     to ``swap_space`` bytes of host memory instead of recomputing them. ``attention_backend``:
     ``"reference"`` (the per-sequence oracle), ``"torch"`` (batched), ``"triton"`` or ``"auto"``.
+    ``plugins`` (:class:`~minipaged.engine.plugins.EnginePlugins`) swaps in your own block pool,
+    slot mapping, block hashing, prefix lookup, copy-on-write, fork or scheduling policy.
     """
 
     def __init__(
@@ -60,9 +63,14 @@ class LLM:
         *,
         dtype: torch.dtype | str = torch.float32,
         device: str | torch.device | None = None,
+        plugins: EnginePlugins | None = None,
         **engine_args: Any,
     ) -> None:
         cfg = EngineConfig(**engine_args)  # every argument checked before the model is loaded
+        plugins = plugins or EnginePlugins()
+        if not isinstance(plugins, EnginePlugins):
+            raise TypeError(f"plugins must be an EnginePlugins, got {type(plugins).__name__}")
+        self.plugins = plugins
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
@@ -72,14 +80,15 @@ class LLM:
         self.num_blocks, why = cfg.num_blocks(mc, dtype, device)
         if cfg.num_kvcache_blocks is None:
             log.info("KV cache: %s", why)
-        layout = build_kv_layout(cfg, mc, self.num_blocks, self.max_model_len, dtype, device)
+        layout = build_kv_layout(cfg, mc, self.num_blocks, self.max_model_len, dtype, device, plugins)
         self.kv_manager = layout.manager
-        self.runner = ModelRunner(self.model, layout.cache, layout.attention, layout.host_cache)
+        self.runner = ModelRunner(self.model, layout.cache, layout.attention, layout.host_cache, plugins.slot_mapping)
         self.kv_cache = layout.cache
         stop = StopChecker(mc.eos_token_ids, self.max_model_len, self.tokenizer)
         self.scheduler = Scheduler(
-            self.kv_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, stop, cfg.preemption_mode
-        )
+            self.kv_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, stop, cfg.preemption_mode,
+            plugins.scheduler_policy,
+        )  # fmt: skip
         self.limits = inputs.Limits(
             mc.vocab_size, self.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens,
             self.tokenizer is not None, self.kv_manager.can_fork, self.kv_manager.refuse,

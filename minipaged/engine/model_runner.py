@@ -28,14 +28,23 @@ from minipaged.engine.batch import SamplerOutput, ScheduledBatch
 from minipaged.engine.sampler import sample, top_logprobs
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.kv.paged_cache import PagedKVCache
+from minipaged.kv.slot_mapping import SlotMappingFn, build_slot_mapping
 from minipaged.model.decoder import DecoderModel
 
 
 class ModelRunner:
+    """``slot_mapping`` builds each step's slots (``EnginePlugins.slot_mapping``)."""
+
     def __init__(
-        self, model: DecoderModel, cache: PagedKVCache, attention: PagedAttention, host_cache: PagedKVCache | None
+        self,
+        model: DecoderModel,
+        cache: PagedKVCache,
+        attention: PagedAttention,
+        host_cache: PagedKVCache | None,
+        slot_mapping: SlotMappingFn = build_slot_mapping,
     ) -> None:
         self.model = model
+        self.slot_mapping = slot_mapping
         self.kv_cache = cache
         self.attn = attention
         self.host_cache = host_cache
@@ -48,7 +57,10 @@ class ModelRunner:
         for seq, start, n in zip(batch.seqs, batch.starts, batch.q_lens):
             input_ids += seq.token_ids[start : start + n]
         positions = [p for a, n in zip(batch.starts, batch.q_lens) for p in range(a, a + n)]
-        self.attn.set_batch(PagedMetadata.build(batch.block_tables, batch.starts, batch.q_lens, batch.block_size, dev))
+        meta = PagedMetadata.build(
+            batch.block_tables, batch.starts, batch.q_lens, batch.block_size, dev, self.slot_mapping
+        )
+        self.attn.set_batch(meta)
         last = [end - 1 for end in itertools.accumulate(batch.q_lens)]
         return (
             torch.tensor(input_ids, device=dev),

@@ -65,8 +65,11 @@ class Scheduler:
         max_num_batched_tokens: int,
         stop: StopChecker,
         preemption_mode: str = "recompute",
+        policy: Callable[[Scheduler], ScheduledBatch] | None = None,
     ) -> None:
         self.kv = kv
+        # Decides each step (``EnginePlugins.scheduler_policy``); the package's is schedule_fcfs.
+        self.policy: Callable[[Scheduler], ScheduledBatch] = policy or Scheduler.schedule_fcfs
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.stop = stop
@@ -93,6 +96,11 @@ class Scheduler:
 
     # -- before the step -------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
+        """The step's batch, as the policy decides it."""
+        return self.policy(self)
+
+    def schedule_fcfs(self) -> ScheduledBatch:
+        """The package's policy (the module docstring): running first, newest preempted, FIFO admission."""
         batch = self.in_flight = ScheduledBatch(block_size=self.kv.table_block_size)
         budget = self.max_num_batched_tokens
         stepped: set[int] = set()  # beam searches already scheduled (by any of their beams)
@@ -144,6 +152,42 @@ class Scheduler:
             self.num_prefix_hit_tokens += sum(hits)
             taken += seats(unit)
             budget -= self._add_to_batch(unit, plan, batch)
+        return batch
+
+    def match_waiting(self, seq: Sequence) -> int:
+        """Give waiting ``seq`` its prefix-cache hit before a policy decides (its
+        ``num_computed_tokens`` then counts the hit); returns the tokens hit. :meth:`carry_out`
+        gives the hit back if the policy leaves ``seq`` waiting."""
+        if seq.status is not Status.WAITING or seq.beam is not None:
+            raise ValueError(f"sequence {seq.seq_id} is not a waiting single sequence")
+        if not seq.num_computed_tokens:
+            seq.num_computed_tokens = seq.num_cached_tokens = self.kv.match_prefix(seq)
+        return seq.num_computed_tokens
+
+    def carry_out(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence]) -> ScheduledBatch:
+        """The batch of a policy's decisions: waiting sequences left out give back any prefix hit
+        :meth:`match_waiting` gave them; then ``preempted`` are preempted (in order, by swap or
+        recompute as the package's policy would), and each ``(seq, n)`` of ``scheduled`` gets room
+        for ``n`` new tokens, admitted if it was waiting. Single sequences only (no beams).
+        """
+        batch = self.in_flight = ScheduledBatch(block_size=self.kv.table_block_size)
+        chosen = {id(seq) for seq, _ in scheduled}
+        for s in self.waiting:
+            if s.num_computed_tokens and id(s) not in chosen:
+                self.kv.free(s)
+                s.num_computed_tokens = s.num_cached_tokens = 0
+        for seq in preempted:
+            if seq.status is not Status.RUNNING:
+                raise ValueError(f"sequence {seq.seq_id} is not running: it cannot be preempted")
+            self._preempt([seq], batch)
+        for seq, n in scheduled:
+            if seq.status is Status.WAITING:
+                self.waiting.remove(seq)
+                self.num_prefix_hit_tokens += seq.num_cached_tokens
+                self._start([seq])
+            elif seq.status is not Status.RUNNING:
+                raise ValueError(f"sequence {seq.seq_id} is {seq.status.name}: it cannot be scheduled")
+            self._add_to_batch([seq], [n], batch)
         return batch
 
     def _start(self, unit: list[Sequence]) -> None:

@@ -10,8 +10,9 @@ block out of the middle in O(1) when a new request hits it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -93,6 +94,38 @@ class FreeBlockQueue:
         next_.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None
         self._len -= 1
+
+
+class KVBlockPool(Protocol):
+    """What the engine asks of a block pool (:class:`BlockPool` is the package's; the engine takes
+    another through ``EnginePlugins.block_pool``, see :mod:`minipaged.engine.plugins`).
+
+    ``blocks[i]`` is block ``i`` (its ``ref_cnt`` and ``block_hash`` are read); ``on_evict`` is set
+    by the prefix cache and must be called, then the hash cleared, when ``allocate`` hands out a
+    free block that still carries a ``block_hash``.
+    """
+
+    num_blocks: int
+    on_evict: Callable[[KVCacheBlock], None] | None
+
+    @property
+    def blocks(self) -> Sequence[KVCacheBlock]: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def num_used_blocks(self) -> int: ...
+    def allocate(self, n: int) -> list[KVCacheBlock]: ...
+    def free(self, blocks: Iterable[KVCacheBlock | int]) -> None: ...
+    def share(self, block: KVCacheBlock | int) -> None: ...
+    def touch(self, block: KVCacheBlock | int) -> None: ...
+
+
+def fork_blocks(pool: KVBlockPool, block_ids: list[int]) -> list[int]:
+    """Parallel sampling: the block list of a child that shares every block of its parent
+    (``ref_cnt + 1`` each, nothing allocated). The engine's ``EnginePlugins.fork``."""
+    for block_id in block_ids:
+        pool.share(block_id)
+    return list(block_ids)
 
 
 class BlockPool:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from minipaged.kv.block_pool import BlockPool
+from minipaged.kv.block_pool import KVBlockPool
 from minipaged.utils import cdiv
 
 
@@ -51,7 +51,7 @@ class BlockTable:
         """Blocks that appending ``num_new_tokens`` tokens would allocate (0 while the last block has room)."""
         return self.num_blocks_needed(self.num_tokens + num_new_tokens) - len(self.block_ids)
 
-    def append_tokens(self, num_new_tokens: int, pool: BlockPool) -> list[int]:
+    def append_tokens(self, num_new_tokens: int, pool: KVBlockPool) -> list[int]:
         """Make room for ``num_new_tokens`` more tokens; return the ids of newly allocated blocks.
 
         All or nothing: if the pool is short, :class:`~minipaged.kv.block_pool.NoFreeBlocksError`
@@ -86,7 +86,7 @@ class BlockTable:
             raise IndexError(f"position {pos} is outside the sequence's {self.num_tokens} tokens")
         return self.block_ids[pos // self.block_size], pos % self.block_size
 
-    def free(self, pool: BlockPool) -> None:
+    def free(self, pool: KVBlockPool) -> None:
         """Give every block back to the pool (shared blocks just lose one reference); the table empties."""
         pool.free(self.block_ids)
         self.block_ids = []

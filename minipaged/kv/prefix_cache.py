@@ -22,7 +22,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from minipaged.kv.block_pool import BlockPool, KVCacheBlock
+from minipaged.kv.block_pool import KVBlockPool, KVCacheBlock
 
 ROOT_HASH = 0  # the parent of a sequence's first block
 
@@ -63,7 +63,7 @@ class CachedEntry:
 class PrefixCache:
     """The map ``block_hash -> block`` over a :class:`BlockPool`, and an eviction counter."""
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: KVBlockPool) -> None:
         self.pool = pool
         pool.on_evict = self.evict
         self.blocks: dict[int, KVCacheBlock] = {}
@@ -80,11 +80,11 @@ class PrefixCache:
             del self.blocks[block.block_hash]
         self.entries.pop(block.block_id, None)
 
-    def lookup(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
-        """The cached blocks for the longest run of leading ``hashes``, each taken (``ref_cnt + 1``).
+    def find(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
+        """The cached blocks for the longest run of leading ``hashes`` (no reference taken).
 
         token_ids: the sequence's tokens; a hit must hold the same tokens and follow the block hit
-        just before it (see the module docstring).
+        just before it (see the module docstring). The engine's ``EnginePlugins.prefix_lookup``.
         """
         hits: list[KVCacheBlock] = []
         parent = None
@@ -96,9 +96,22 @@ class PrefixCache:
                 break
             hits.append(block)
             parent = entry
+        return hits
+
+    def lookup(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
+        """:meth:`find`, each hit taken (``ref_cnt + 1``, revived if it was free)."""
+        hits = self.find(hashes, token_ids, block_size)
+        self.take(hits)
+        return hits
+
+    def take(self, hits: Sequence[KVCacheBlock]) -> None:
+        """One more reference to each hit (a free one leaves the free queue)."""
         for block in hits:
             self.pool.touch(block)
-        return hits
+
+    def cached_tokens(self) -> dict[int, tuple[int, ...]]:
+        """The cache as ``block_hash -> the token ids that block holds`` (stage 6's ``cached``)."""
+        return {h: self.entries[b.block_id].token_ids for h, b in self.blocks.items() if b.block_id in self.entries}
 
     def insert(
         self, block: KVCacheBlock, block_hash: int, token_ids: Sequence[int], parent: KVCacheBlock | None = None
@@ -129,3 +142,19 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self.blocks)
+
+
+def copy_on_write(pool: KVBlockPool, block_ids: list[int], idx: int) -> tuple[int, int] | None:
+    """Make logical block ``idx`` of a table writable before a step writes into it.
+
+    A block others share (``ref_cnt > 1``) is replaced in ``block_ids`` by a new block from the
+    pool, and one reference to it is dropped; returns ``(src, dst)``, the copy owed before the
+    forward. The block's last user writes in place: None. The engine's ``EnginePlugins.copy_on_write``.
+    """
+    old = block_ids[idx]
+    if pool.blocks[old].ref_cnt <= 1:
+        return None
+    new = pool.allocate(1)[0].block_id
+    pool.free([old])
+    block_ids[idx] = new
+    return old, new

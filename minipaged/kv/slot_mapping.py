@@ -8,13 +8,19 @@ num_kv_heads, head_dim]`` makes the write of a batch's new K/V one scatter by sl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from minipaged.utils import cdiv
 
 PAD_SLOT = -1  # a slot_mapping entry that writes nothing (padding tokens)
+
+# (block_tables, starts, ends, block_size, device) -> int64 [num_new_tokens]: build_slot_mapping's
+# signature, the engine's ``EnginePlugins.slot_mapping``.
+SlotMappingFn = Callable[
+    [Sequence[Sequence[int]], Sequence[int], Sequence[int], int, "torch.device | str"], torch.Tensor
+]
 
 
 def slots_for(block_table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
