@@ -24,7 +24,6 @@ starts load the real chat model. Timings are this machine's, under whatever else
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -33,17 +32,15 @@ import subprocess
 import sys
 import threading
 import time
+from argparse import Namespace
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from minipaged.bench import parser
 from minipaged.paper import sharegpt
 from minipaged.tiny import task
-
-if TYPE_CHECKING:
-    import httpx
 
 
 @dataclass
@@ -63,7 +60,7 @@ class Result:
 Work = list[tuple[str, int]]  # (prompt text, max_tokens) per request
 
 
-def workload(args: argparse.Namespace) -> Work:
+def workload(args: Namespace) -> Work:
     """The requests ``args.dataset`` asks for: copy prompts, or ShareGPT sampled as vLLM samples it."""
     if args.dataset == "sharegpt":
         requests = sharegpt.sample_requests(args.num_prompts, args.seed, output_len=args.sharegpt_output_len)
@@ -74,7 +71,7 @@ def workload(args: argparse.Namespace) -> Work:
     return [(task.prompt_for(text, preamble), args.max_tokens) for text in texts]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> Result:
+async def one_request(client: Any, url: str, body: dict, headers: dict) -> Result:
     """POST one streamed completion; time its chunks."""
     res = Result()
     start = last = time.perf_counter()
@@ -121,7 +118,7 @@ async def run_load(
     base_url: str,
     model: str,
     prompts: Work,
-    args: argparse.Namespace,
+    args: Namespace,
     headers: dict,
     watch: bool,
 ) -> tuple[list[Result], float, tuple[int, int] | None]:
@@ -164,7 +161,7 @@ async def run_load(
     return results, duration, frames
 
 
-async def _watch(client: httpx.AsyncClient, base_url: str, headers: dict, seen: list[int]) -> None:
+async def _watch(client: Any, base_url: str, headers: dict, seen: list[int]) -> None:
     """Record the engine step of every projector frame pushed."""
     async with client.stream("GET", f"{base_url}/projector/stream", headers=headers, timeout=None) as response:
         async for line in response.aiter_lines():
@@ -233,7 +230,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def engine_args(args: argparse.Namespace, layout: str) -> dict:
+def engine_args(args: Namespace, layout: str) -> dict:
     kwargs = dict(
         kv_layout=layout,
         num_kvcache_blocks=args.num_kvcache_blocks,
@@ -286,9 +283,7 @@ class LocalServer:
             self.proc.wait(5)
 
 
-def offline(
-    kwargs: dict, prompts: Work, args: argparse.Namespace, model: str | None = None
-) -> tuple[float, list[str], int]:
+def offline(kwargs: dict, prompts: Work, args: Namespace, model: str | None = None) -> tuple[float, list[str], int]:
     """LLM.generate on the same requests: (output tokens/s, texts, output tokens).
 
     It runs on a thread of its own, as the server's engine does, so that both use torch the same
@@ -320,10 +315,6 @@ def offline(
     return tokens / done["duration"], [o.outputs[0].text for o in outs], tokens
 
 
-def _rate(text: str) -> float:
-    return float("inf") if text == "inf" else float(text)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = parser("serve", __doc__)
     p.add_argument("--base-url", help="a running server (e.g. http://127.0.0.1:8000); default: start minipaged's")
@@ -332,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dataset", choices=("copy", "sharegpt"), default="copy", help="the prompts (default: copy)")
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--sharegpt-output-len", type=int, help="sharegpt: every request's max_tokens (default: its own)")
-    p.add_argument("--request-rate", "--rate", type=_rate, default=float("inf"), help="requests/s, or inf")
+    p.add_argument("--request-rate", "--rate", type=float, default=float("inf"), help="requests/s, or inf")
     p.add_argument("--max-concurrency", type=int, default=64, help="requests in flight at most (0: no limit)")
     p.add_argument("--max-tokens", type=int, default=task.MAX_TEXT_CHARS + 1, help="copy: each request's max_tokens")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
@@ -381,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
-def _bench(base_url: str, prompts: Work, args: argparse.Namespace, headers: dict, title: str = "server") -> dict:
+def _bench(base_url: str, prompts: Work, args: Namespace, headers: dict, title: str = "server") -> dict:
     import httpx
 
     model = args.model or httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
@@ -397,7 +388,7 @@ def _bench(base_url: str, prompts: Work, args: argparse.Namespace, headers: dict
     return figures
 
 
-def _compare_offline(kwargs: dict, prompts: Work, args: argparse.Namespace, served: dict, model: str | None) -> None:
+def _compare_offline(kwargs: dict, prompts: Work, args: Namespace, served: dict, model: str | None) -> None:
     rate, texts, tokens = offline(kwargs, prompts, args, model)
     same = sum(a == b for a, b in zip(texts, served["texts"]))
     print(
