@@ -1,7 +1,7 @@
 """What the projector page draws, computed from the engine's step snapshots: pure functions.
 
 :func:`step_events` names what a step did to the pool, read off two consecutive
-:class:`StepSnapshot` s (:mod:`minipaged.engine.step_events`), for the page to flash:
+:class:`StepSnapshot` s (:mod:`minipaged.viz.step_events`), for the page to flash:
 copy-on-write (a sequence's block table changed at an index it already had), prefix-cache hits
 (the leading blocks of a sequence admitted this step that were already computed) and evictions
 (blocks that were free but still cached, and now hold something else).
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from minipaged.engine.outputs import StepSnapshot
-from minipaged.engine.step_events import step_events as events_between
 from minipaged.viz import palette
+from minipaged.viz.step_events import step_events as events_between
 
 EVENT_KINDS = ("cow", "hits", "evicted", "preempted")
 
@@ -28,7 +28,7 @@ def no_events() -> dict:
 
 
 def step_events(prev: StepSnapshot | None, cur: StepSnapshot, block_size: int) -> dict:
-    """What one step did to the pool (:func:`minipaged.engine.step_events.step_events`), as the page
+    """What one step did to the pool (:func:`minipaged.viz.step_events.step_events`), as the page
     flashes it: ``cow`` [(old block, new block)], ``hits`` [block], ``evicted`` [block],
     ``preempted`` [seq id]."""
     ev = events_between(prev, cur, block_size)

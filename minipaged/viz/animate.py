@@ -2,7 +2,7 @@
 
 A scripted run of the embedded model (:data:`SCENARIOS`) is recorded once: every ``StepSnapshot``,
 with what each step did, read off two consecutive snapshots
-(:func:`~minipaged.engine.step_events.step_events`), a caption saying so and running totals
+(:func:`~minipaged.viz.step_events.step_events`), a caption saying so and running totals
 (:func:`build_frames` -> :class:`Movie`). Frame ``k`` is then a pure function of snapshot ``k``
 (:func:`draw_frame`: the stage 5 step picture with the caption and the events written on the
 blocks). :func:`render` saves the ``FuncAnimation`` as a GIF (``PillowWriter``) or as a page that
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.figure import Figure
 
-from minipaged.engine.step_events import StepEvents, live, step_events
 from minipaged.viz.palette import SEQUENCE_COLORS, Ink, inks_over_time, owner_inks
 from minipaged.viz.scheduler import draw_step, seq_names
+from minipaged.viz.step_events import StepEvents, live, step_events
 
 if TYPE_CHECKING:
     import ipywidgets

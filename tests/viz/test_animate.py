@@ -15,8 +15,8 @@ from matplotlib.animation import FuncAnimation
 from PIL import Image
 
 from minipaged.__main__ import main
-from minipaged.engine.step_events import step_events
 from minipaged.viz import animate
+from minipaged.viz.step_events import step_events
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The movies are engine runs drawn frame by frame, and most tests here render one.
