@@ -10,7 +10,8 @@ This is how serving systems before PagedAttention held KV memory, and the paper'
 The reservations live in stage 0's first-fit arena of ``num_slots`` slots; the cache tensors are
 a paged pool of one-slot blocks, so a sequence's "block table" is the run ``start, start + 1,
 ...`` and the same attention reads both layouts. Nothing is shared, nothing is preempted (a
-reservation covers the whole sequence), so forking and swapping are not offered.
+reservation covers the whole sequence): forking, swapping and prefix matching are the paged
+manager's alone (``can_fork = False``; the scheduler never asks this manager for them).
 """
 
 from __future__ import annotations
@@ -58,9 +59,6 @@ class ContiguousKVManager:
             return f"reserves {size} slots ({self.policy}) but the cache has {self.arena.num_slots}"
         return None
 
-    def match_prefix(self, seq: Sequence) -> int:
-        return 0
-
     def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool:
         new = [s for s in unit if s.seq_id not in self.arena]
         return not new or (len(new) == 1 and self.arena.largest_hole >= self.size_of(new[0]))
@@ -70,30 +68,12 @@ class ContiguousKVManager:
             self.arena.reserve(seq.seq_id, self.size_of(seq))
         return []
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        raise NotImplementedError("a contiguous cache cannot share: each sample is its own sequence from the start")
-
     def free(self, seq: Sequence) -> None:
         if seq.seq_id in self.arena:
             self.arena.free(seq.seq_id)
 
-    def can_swap_out(self, unit: list[Sequence]) -> bool:
-        return False
-
-    def swap_out(self, unit: list[Sequence]) -> list[tuple[int, int]]:
-        raise NotImplementedError("a contiguous reservation is never preempted")
-
-    def can_swap_in(self, unit: list[Sequence], plan: list[int]) -> bool:
-        return False
-
-    def swap_in(self, unit: list[Sequence]) -> list[tuple[int, int]]:
-        raise NotImplementedError("a contiguous reservation is never preempted")
-
     def mark_written(self) -> None:
         self.peak_slots_allocated = max(self.peak_slots_allocated, self.slots_allocated())
-
-    def drop_unwritten(self) -> None:
-        pass
 
     def tokens_held(self, live: list[Sequence]) -> int:
         return sum(s.num_computed_tokens for s in live if s.seq_id in self.arena)
@@ -103,6 +83,3 @@ class ContiguousKVManager:
 
     def stats(self) -> dict:
         return dict(num_free_blocks=self.arena.free_slots // self.block_size, swapped_out_blocks=0, swapped_in_blocks=0)
-
-    def pool_view(self) -> None:
-        return None
