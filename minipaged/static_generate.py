@@ -5,7 +5,9 @@ per sequence. Only the KV cache changes between stages, which makes their output
 token for token and logit for logit:
 
 - ``"recompute"``: no cache; each step runs the whole sequence again (the oracle);
-- ``"contiguous"`` (stage 0): each sequence reserves a ``max_seq_len`` buffer;
+- ``"contiguous"`` (stage 0): each sequence reserves a ``max_seq_len`` buffer, addressed as the
+  engine's contiguous layout addresses it: a block table ``range(start, start + n)`` of one-slot
+  blocks, read by the same :class:`PagedAttention`;
 - ``"paged"`` (stage 3): blocks from a pool, written by slot mapping, read through block tables.
 """
 
@@ -20,7 +22,6 @@ import torch
 from minipaged.attention.backends import get_backend
 from minipaged.attention.cache_attention import (
     CacheAttention,
-    ContiguousAttention,
     PagedAttention,
     PagedMetadata,
     RecomputeAttention,
@@ -85,7 +86,8 @@ def greedy_generate(
         )
         for i in range(len(seqs)):
             store.add_sequence(i)
-        contiguous = ContiguousAttention(store, backend)
+        # [num_layers, num_slots, kv_heads, d] viewed as a pool of one-slot blocks, as the engine's layout
+        contiguous = PagedAttention(store.k.unsqueeze(2), store.v.unsqueeze(2), backend)
     elif cache == "paged":
         need = sum(cdiv(len(p) + max_new_tokens, block_size) for p in seqs)
         num_blocks = need if num_blocks is None else num_blocks
@@ -116,7 +118,9 @@ def greedy_generate(
         last = torch.tensor(q_lens, device=dev).cumsum(0) - 1  # each sequence's last new token
         attn: CacheAttention
         if isinstance(store, ContiguousKVCache):
-            contiguous.set_batch(list(range(len(seqs))), q_lens, ctx)
+            # Every table is checked before layer 0 writes: an overflow leaves the neighbours intact.
+            tables = [store.arena.table(i, c) for i, c in enumerate(ctx)]
+            contiguous.set_batch(PagedMetadata.build(tables, cached, q_lens, 1, dev))
             store.num_tokens.update(enumerate(ctx))  # this runner owns the cache's record
             attn = contiguous
         elif isinstance(store, PagedState):

@@ -6,24 +6,23 @@ already applied). The object decides where K/V go and what they attend to, so ea
 a new cache into the same model:
 
 - :class:`RecomputeAttention`: no cache, the whole sequence is passed every step (the oracle);
-- :class:`ContiguousAttention` (stage 0): one reserved range of slots per sequence;
 - :class:`PagedAttention` (stages 3-5): a block pool, written by ``slot_mapping`` and read
   through ``block_tables``, by an attention backend (:mod:`minipaged.attention.backends`).
+  Stage 0's contiguous reservations are read by it too, as pools of one-slot blocks
+  (:meth:`minipaged.kv.contiguous.FirstFitArena.table`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from minipaged.attention import reference
-from minipaged.attention.backends import AttentionBackend, ReferenceBackend
+from minipaged.attention.backends import AttentionBackend
 from minipaged.attention.metadata import PagedMetadata
-from minipaged.kv.contiguous import ContiguousKVCache
 
-__all__ = ["CacheAttention", "ContiguousAttention", "PagedAttention", "PagedMetadata", "RecomputeAttention"]
+__all__ = ["CacheAttention", "PagedAttention", "PagedMetadata", "RecomputeAttention"]
 
 
 class CacheAttention(Protocol):
@@ -65,43 +64,3 @@ class PagedAttention:
         self.backend.store_kvcache(k, v, k_cache, v_cache, m.slot_mapping)
         attend = self.backend.decode if m.is_decode else self.backend.prefill
         return attend(q, k_cache, v_cache, m, self.plan)
-
-
-class ContiguousAttention:
-    """Stage 0's cache under the same attention: each sequence's buffer is a range of slots.
-
-    A contiguous reservation is a paged cache whose blocks hold one token each and whose block
-    table is ``start, start + 1, ...``: so the same paged operations serve it, and comparing the
-    two caches compares memory management alone, not two attention implementations. The cache's
-    own record of how many tokens each sequence holds is its owner's to keep (``cache.write``, or
-    the runner that set the batch).
-    """
-
-    def __init__(self, cache: ContiguousKVCache, backend: AttentionBackend | None = None) -> None:
-        self.cache = cache
-        # [num_layers, num_slots, kv_heads, d] viewed as [num_layers, num_slots, 1, kv_heads, d]
-        self.paged = PagedAttention(cache.k.unsqueeze(2), cache.v.unsqueeze(2), backend or ReferenceBackend())
-        self.q_lens: list[int] = []
-
-    def set_batch(self, seq_ids: Sequence[Hashable], q_lens: Sequence[int], context_lens: Sequence[int]) -> None:
-        """Sequence ``i`` brings ``q_lens[i]`` new tokens (packed in this order) and holds
-        ``context_lens[i]`` tokens once they are written."""
-        if not len(seq_ids) == len(q_lens) == len(context_lens):
-            raise ValueError("seq_ids, q_lens and context_lens must have the same length")
-        starts = []
-        for seq_id, q_len, context_len in zip(seq_ids, q_lens, context_lens):
-            if not 0 <= q_len <= context_len:
-                raise ValueError(f"sequence {seq_id!r}: need 0 <= q_len ({q_len}) <= context_len ({context_len})")
-            # Fail before layer 0 writes anything rather than halfway through the batch.
-            self.cache.check_fits(seq_id, context_len)
-            starts.append(self.cache.arena.span(seq_id)[0])
-        tables = [range(s, s + c) for s, c in zip(starts, context_lens)]
-        cached = [c - n for c, n in zip(context_lens, q_lens)]
-        self.q_lens = list(q_lens)
-        self.paged.set_batch(PagedMetadata.build(tables, cached, q_lens, 1, self.cache.k.device))
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim] -> like q."""
-        if q.shape[0] != sum(self.q_lens):
-            raise ValueError(f"got {q.shape[0]} tokens, set_batch announced {sum(self.q_lens)}")
-        return self.paged.attend(layer, q, k, v)

@@ -8,8 +8,9 @@ This is how serving systems before PagedAttention held KV memory, and the paper'
 - ``"oracle"`` (Orca (Oracle)): exactly prompt + ``max_tokens``, as if the length were known.
 
 The reservations live in stage 0's first-fit arena of ``num_slots`` slots; the cache tensors are
-a paged pool of one-slot blocks, so a sequence's "block table" is the run ``start, start + 1,
-...`` and the same attention reads both layouts. Nothing is shared, nothing is preempted (a
+a paged pool of one-slot blocks, so a sequence's block table is its reservation read by
+:meth:`~minipaged.kv.contiguous.FirstFitArena.table`, ``range(start, start + n)`` (as in the
+static runner of stage 0), and the same attention reads both layouts. Nothing is shared, nothing is preempted (a
 reservation covers the whole sequence): forking, swapping and prefix matching are the paged
 manager's alone (``can_fork = False``; the scheduler never asks this manager for them).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from minipaged.engine.config import RESERVE_POLICIES
 from minipaged.engine.sequence import Sequence
-from minipaged.kv.contiguous import FirstFitArena, ReservationExceededError
+from minipaged.kv.contiguous import FirstFitArena
 
 
 def reservation(num_tokens: int, max_model_len: int, policy: str) -> int:
@@ -47,10 +48,7 @@ class ContiguousKVManager:
         return reservation(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len, self.policy)
 
     def block_ids(self, seq: Sequence, num_tokens: int) -> range:
-        start, size = self.arena.span(seq.seq_id)
-        if num_tokens > size:
-            raise ReservationExceededError(f"sequence {seq.seq_id} needs {num_tokens} slots but reserved {size}")
-        return range(start, start + num_tokens)
+        return self.arena.table(seq.seq_id, num_tokens)
 
     def refuse(self, num_tokens: int, num_seqs: int) -> str | None:
         """Why a sequence of up to ``num_tokens`` tokens could never fit, or None."""

@@ -67,6 +67,19 @@ class FirstFitArena:
             raise KeyError(f"{owner!r} holds no reservation")
         return self._spans[owner]
 
+    def table(self, owner: Hashable, num_tokens: int) -> range:
+        """The slots of ``owner``'s first ``num_tokens`` tokens, ``range(start, start + num_tokens)``.
+
+        A reservation read as a block table whose blocks hold one slot each: the one way
+        contiguous KV is addressed (here, by the static runner, by the engine's contiguous layout),
+        so the same paged attention reads it. Raises ReservationExceededError when the tokens
+        would spill past the reservation into a neighbour's.
+        """
+        start, size = self.span(owner)
+        if num_tokens > size:
+            raise ReservationExceededError(f"sequence {owner!r} needs {num_tokens} slots but reserved only {size}")
+        return range(start, start + num_tokens)
+
     def reservations(self) -> dict[Hashable, tuple[int, int]]:
         """owner -> (start, size), in address order."""
         return dict(sorted(self._spans.items(), key=lambda item: item[1][0]))
@@ -156,27 +169,19 @@ class ContiguousKVCache:
         """Whether :meth:`add_sequence` with ``reserve=size`` (default ``max_seq_len``) would succeed now."""
         return self.arena.largest_hole >= (self.max_seq_len if size is None else size)
 
-    def check_fits(self, seq_id: Hashable, num_tokens: int) -> None:
-        """Raise ReservationExceededError unless ``num_tokens`` tokens fit in the sequence's reservation."""
-        _, size = self.arena.span(seq_id)
-        if num_tokens > size:
-            raise ReservationExceededError(f"sequence {seq_id!r} needs {num_tokens} slots but reserved only {size}")
-
     def write(self, layer: int, seq_id: Hashable, pos: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V ``[n, num_kv_heads, head_dim]`` of positions ``pos .. pos + n - 1`` of a sequence."""
         end = pos + k.shape[0]
-        # Without this check a long sequence would silently overwrite its neighbour's buffer.
-        self.check_fits(seq_id, end)
-        start, _ = self.arena.span(seq_id)
-        self.k[layer, start + pos : start + end] = k.to(self.k.dtype)
-        self.v[layer, start + pos : start + end] = v.to(self.v.dtype)
+        # Checked: a long sequence would otherwise silently overwrite its neighbour's buffer.
+        slots = self.arena.table(seq_id, end)[pos:]
+        self.k[layer, slots.start : slots.stop] = k.to(self.k.dtype)
+        self.v[layer, slots.start : slots.stop] = v.to(self.v.dtype)
         self.num_tokens[seq_id] = max(self.num_tokens[seq_id], end)
 
     def read(self, layer: int, seq_id: Hashable, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V ``[context_len, num_kv_heads, head_dim]`` of a sequence's first tokens (views, no copy)."""
-        self.check_fits(seq_id, context_len)
-        start, _ = self.arena.span(seq_id)
-        return self.k[layer, start : start + context_len], self.v[layer, start : start + context_len]
+        slots = self.arena.table(seq_id, context_len)
+        return self.k[layer, slots.start : slots.stop], self.v[layer, slots.start : slots.stop]
 
     def stats(self) -> ContiguousStats:
         reserved = sum(size for _, size in self.reservations().values())

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from minipaged.attention import batched, reference
 from minipaged.attention.backends import ReferenceBackend, TorchBackend, get_backend, resolve_backend
-from minipaged.attention.cache_attention import ContiguousAttention, PagedAttention, PagedMetadata
+from minipaged.attention.cache_attention import PagedAttention, PagedMetadata
 from minipaged.attention.reference import varlen_attention
 from minipaged.kv.contiguous import ContiguousKVCache, ContiguousStats, ReservationExceededError
 from minipaged.utils import cdiv
@@ -153,7 +153,7 @@ def test_backend_names():
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch"])
-def test_contiguous_attention_matches_varlen_attention_for_prefill_then_decode(backend):
+def test_contiguous_reservations_read_as_one_slot_blocks_match_varlen_attention(backend):
     torch.manual_seed(0)
     num_layers, heads, kv_heads, head_dim, decode_steps = 2, 4, 2, 8, 3
     prompts = [5, 1, 9]
@@ -163,7 +163,7 @@ def test_contiguous_attention_matches_varlen_attention_for_prefill_then_decode(b
     for s in seqs:
         cache.add_sequence(s)
     cache.remove_sequence("spacer")
-    attn = ContiguousAttention(cache, get_backend(backend))
+    attn = PagedAttention(cache.k.unsqueeze(2), cache.v.unsqueeze(2), get_backend(backend))
     total = [p + decode_steps for p in prompts]
     # Each sequence's q/k/v for every position and layer, as a model would produce them.
     q = [torch.randn(num_layers, n, heads, head_dim) for n in total]
@@ -175,7 +175,9 @@ def test_contiguous_attention_matches_varlen_attention_for_prefill_then_decode(b
 
     def step(lo: list[int], hi: list[int]) -> None:
         """New tokens lo[i] .. hi[i] - 1 of each sequence; compare with no-cache attention over 0 .. hi[i] - 1."""
-        attn.set_batch(seqs, [h - lo_ for lo_, h in zip(lo, hi, strict=True)], hi)
+        tables = [cache.arena.table(s, h) for s, h in zip(seqs, hi, strict=True)]
+        assert tables[0].start == 5  # the freed spacer leaves slots 0-4 empty: no table starts at slot 0
+        attn.set_batch(PagedMetadata.build(tables, lo, [h - lo_ for lo_, h in zip(lo, hi, strict=True)], 1))
         cache.num_tokens.update(zip(seqs, hi, strict=True))  # the cache's owner keeps its record
         new, whole = list(zip(lo, hi, strict=True)), [(0, h) for h in hi]
         cu = torch.tensor([0, *hi]).cumsum(0)
@@ -191,24 +193,18 @@ def test_contiguous_attention_matches_varlen_attention_for_prefill_then_decode(b
         step([p + j for p in prompts], [p + j + 1 for p in prompts])
     assert cache.stats().used_slots == sum(total)
     assert cache.stats().waste_pct == pytest.approx(50.0)
-    with pytest.raises(ValueError, match="got 2 tokens, set_batch announced 3"):
-        attn.attend(
-            0, torch.zeros(2, heads, head_dim), torch.zeros(2, kv_heads, head_dim), torch.zeros(2, kv_heads, head_dim)
-        )
 
 
-def test_contiguous_attention_refuses_an_overflowing_reservation_before_any_write():
+def test_a_contiguous_table_refuses_an_overflowing_reservation_before_any_write():
     cache = ContiguousKVCache(1, num_kv_heads=1, head_dim=4, max_seq_len=16, num_slots=32)
     cache.add_sequence("small", reserve=4)
     cache.add_sequence("neighbour")
-    attn = ContiguousAttention(cache)
+    assert cache.arena.table("small", 4) == range(0, 4) and cache.arena.table("neighbour", 3) == range(4, 7)
     with pytest.raises(ReservationExceededError, match="sequence 'small' needs 5 slots but reserved only 4"):
-        attn.set_batch(["small"], [5], [5])
+        cache.arena.table("small", 5)
     with pytest.raises(ReservationExceededError, match="needs 6 slots but reserved only 4"):
         cache.write(0, "small", 2, torch.ones(4, 1, 4), torch.ones(4, 1, 4))
     assert cache.k.abs().sum() == 0 and cache.stats().used_slots == 0  # the neighbour's buffer is intact
-    with pytest.raises(ValueError, match=r"need 0 <= q_len \(3\) <= context_len \(2\)"):
-        attn.set_batch(["small"], [3], [2])
 
 
 def test_split_decode_groups_equal_the_reference():

@@ -9,6 +9,7 @@ from minipaged.kv.contiguous import (
     ContiguousKVCache,
     ContiguousStats,
     FirstFitArena,
+    ReservationExceededError,
 )
 
 
@@ -29,6 +30,16 @@ def test_first_fit_takes_the_first_hole_not_the_tightest():
     assert arena.reservations() == {"d": (0, 10), "e": (10, 20), "b": (30, 20), "c": (50, 30)}
     assert arena.span("b") == (30, 20)
     assert (arena.free_slots, arena.largest_hole) == (20, 20)
+
+
+def test_a_reservation_is_addressed_as_a_table_of_one_slot_blocks():
+    arena = fragmented_arena()
+    assert arena.table("b", 7) == range(30, 37) and arena.table("c", 30) == range(50, 80)
+    assert arena.table("c", 0) == range(50, 50)
+    with pytest.raises(ReservationExceededError, match="sequence 'b' needs 21 slots but reserved only 20"):
+        arena.table("b", 21)
+    with pytest.raises(KeyError, match="'a' holds no reservation"):
+        arena.table("a", 1)
 
 
 def test_fragmentation_on_a_hand_made_case():
