@@ -56,7 +56,7 @@ def build_kv_layout(
                 f"max_model_len={max_model_len}: give more num_kvcache_blocks"
             )
         cache = PagedKVCache(model.num_hidden_layers, num_slots, 1, *heads, dtype=dtype, device=device)
-        manager: KVManager = ContiguousKVManager(num_slots, bs, max_model_len, cfg.contiguous_reserve)
+        manager: KVManager = ContiguousKVManager(num_slots, bs, max_model_len, cfg.contiguous_reserve)  # type: ignore[assignment]
         return KVLayout(manager, cache, PagedAttention(cache.k, cache.v, backend))
     cache = PagedKVCache(model.num_hidden_layers, num_blocks, bs, *heads, dtype=dtype, device=device)
     num_host_blocks, host = 0, None

@@ -152,7 +152,13 @@ class LLM:
         s = self.scheduler
         swapped = [q for unit in s.swapped for q in unit]
         return take_snapshot(
-            self._step, batch, outputs, s.running, list(s.waiting), swapped, self.kv_manager.pool_view()
+            self._step,
+            batch,
+            outputs,
+            s.running,
+            list(s.waiting),
+            swapped,
+            getattr(self.kv_manager, "pool_view", lambda: None)(),
         )
 
     def run_step(self) -> tuple[ScheduledBatch, list[Sequence]]:

@@ -137,7 +137,7 @@ class Scheduler:
             unit = unit_of(self.waiting[0])
             if taken + seats(unit) > self.max_num_seqs:
                 break
-            hits = [self.kv.match_prefix(s) for s in unit]
+            hits = [self.kv.match_prefix(s) if hasattr(self.kv, "match_prefix") else 0 for s in unit]
             for s, hit in zip(unit, hits):
                 s.num_computed_tokens = s.num_cached_tokens = hit
             plan = lockstep_plan(unit, budget)
@@ -161,7 +161,9 @@ class Scheduler:
         if seq.status is not Status.WAITING or seq.beam is not None:
             raise ValueError(f"sequence {seq.seq_id} is not a waiting single sequence")
         if not seq.num_computed_tokens:
-            seq.num_computed_tokens = seq.num_cached_tokens = self.kv.match_prefix(seq)
+            seq.num_computed_tokens = seq.num_cached_tokens = (
+                self.kv.match_prefix(seq) if hasattr(self.kv, "match_prefix") else 0
+            )
         return seq.num_computed_tokens
 
     def carry_out(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence]) -> ScheduledBatch:
@@ -312,7 +314,8 @@ class Scheduler:
         batch, self.in_flight = self.in_flight, None
         if batch is None:
             return []
-        self.kv.drop_unwritten()
+        if hasattr(self.kv, "drop_unwritten"):
+            self.kv.drop_unwritten()
         for generator, state in batch.rng_states:
             generator.set_state(state)
         touched: list[list[Sequence]] = []
