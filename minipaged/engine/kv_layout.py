@@ -19,7 +19,7 @@ from minipaged.attention.backends import get_backend
 from minipaged.attention.cache_attention import PagedAttention
 from minipaged.engine.config import EngineConfig, block_nbytes
 from minipaged.engine.contiguous_manager import ContiguousKVManager
-from minipaged.engine.kv_manager import KVManager, PagedKVManager
+from minipaged.engine.kv_manager import KVManager, KVReport, PagedKVManager
 from minipaged.engine.plugins import EnginePlugins
 from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.model.config import ModelConfig
@@ -28,6 +28,7 @@ from minipaged.model.config import ModelConfig
 @dataclass
 class KVLayout:
     manager: KVManager
+    report: KVReport  # the same manager, seen only through its figures
     cache: PagedKVCache  # [num_layers, num_blocks, block_size, kv_heads, head_dim] for K and for V
     attention: PagedAttention
     host_cache: PagedKVCache | None = None  # swap space
@@ -56,8 +57,8 @@ def build_kv_layout(
                 f"max_model_len={max_model_len}: give more num_kvcache_blocks"
             )
         cache = PagedKVCache(model.num_hidden_layers, num_slots, 1, *heads, dtype=dtype, device=device)
-        manager: KVManager = ContiguousKVManager(num_slots, bs, max_model_len, cfg.contiguous_reserve)  # type: ignore[assignment]
-        return KVLayout(manager, cache, PagedAttention(cache.k, cache.v, backend))
+        contiguous = ContiguousKVManager(num_slots, bs, max_model_len, cfg.contiguous_reserve)
+        return KVLayout(contiguous, contiguous, cache, PagedAttention(cache.k, cache.v, backend))
     cache = PagedKVCache(model.num_hidden_layers, num_blocks, bs, *heads, dtype=dtype, device=device)
     num_host_blocks, host = 0, None
     if cfg.preemption_mode == "swap":
@@ -68,4 +69,4 @@ def build_kv_layout(
         pin = device.type == "cuda"
         host = PagedKVCache(model.num_hidden_layers, num_host_blocks, bs, *heads, dtype=dtype, pin_memory=pin)
     manager = PagedKVManager(num_blocks, bs, cfg.enable_prefix_caching, num_host_blocks, plugins)
-    return KVLayout(manager, cache, PagedAttention(cache.k, cache.v, backend), host)
+    return KVLayout(manager, manager, cache, PagedAttention(cache.k, cache.v, backend), host)

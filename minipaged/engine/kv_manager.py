@@ -2,13 +2,15 @@
 or written here (the model runner does that, as each batch's ``blocks_to_copy``,
 ``blocks_to_swap_out`` and ``blocks_to_swap_in`` say).
 
-:class:`KVManager` is what the scheduler asks of memory; two layouts implement it (the factory
-in :mod:`minipaged.engine.kv_layout` picks one):
+:class:`KVManager` is what the scheduler asks of memory in a step, and :class:`KVReport` the
+figures read about it on request; two layouts implement both (the factory in
+:mod:`minipaged.engine.kv_layout` picks one):
 
 - :class:`PagedKVManager`: a block pool, block tables grown one block at a time, prefix caching,
   copy-on-write, and swapping to a host pool (stages 1-2, 6 and the paper's §4.5);
 - :class:`~minipaged.engine.contiguous_manager.ContiguousKVManager`: stage 0's one reservation
-  per sequence, kept to compare the two on the same memory budget.
+  per sequence, kept to compare the two on the same memory budget. It shares nothing, matches
+  no prefix and never swaps, so it has no such methods.
 
 A *unit* is the sequences that are scheduled, preempted and swapped together: one sequence, or
 every live beam of a beam search. ``plan`` gives each member's new tokens this step.
@@ -31,16 +33,17 @@ if TYPE_CHECKING:
 
 
 class KVManager(Protocol):
+    """What the scheduler asks of memory in every step, whatever the layout.
+
+    Sharing (``fork``), prefix matching and swapping are the paged layout's alone: the scheduler
+    reaches them through :class:`PagedKVManager` (its ``paged``), never through this interface.
+    """
+
     can_fork: bool  # whether sequences can share blocks (samples fork, beams branch)
     table_block_size: int  # slots per entry of the tables that ``block_ids`` returns
-    peak_slots_allocated: int
 
-    def block_ids(self, seq: Sequence, num_tokens: int) -> Seq[int]:
-        """Where ``seq``'s first ``num_tokens`` tokens live, one entry per ``table_block_size`` slots."""
-        ...
-
-    def match_prefix(self, seq: Sequence) -> int:
-        """Share a waiting sequence's cached prefix; returns the tokens it need not compute."""
+    def refuse(self, num_tokens: int, num_seqs: int) -> str | None:
+        """Why ``num_seqs`` sequences of up to ``num_tokens`` tokens could never fit, or None."""
         ...
 
     def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool: ...
@@ -49,39 +52,30 @@ class KVManager(Protocol):
         """Room for the step's new tokens; returns the (src, dst) copies owed before the forward."""
         ...
 
-    def fork(self, parent: Sequence, child: Sequence) -> None: ...
+    def block_ids(self, seq: Sequence, num_tokens: int) -> Seq[int]:
+        """Where ``seq``'s first ``num_tokens`` tokens live, one entry per ``table_block_size``
+        slots: a new sequence, not a view of the sequence's own table."""
+        ...
 
     def free(self, seq: Sequence) -> None: ...
-
-    def can_swap_out(self, unit: list[Sequence]) -> bool: ...
-
-    def swap_out(self, unit: list[Sequence]) -> list[tuple[int, int]]: ...
-
-    def can_swap_in(self, unit: list[Sequence], plan: list[int]) -> bool: ...
-
-    def swap_in(self, unit: list[Sequence]) -> list[tuple[int, int]]: ...
 
     def mark_written(self) -> None:
         """The step ran: every slot handed out for it holds K/V now (and the peak is updated)."""
         ...
 
-    def drop_unwritten(self) -> None:
-        """The step failed: withdraw from the prefix cache what it published but never wrote."""
-        ...
 
-    def refuse(self, num_tokens: int, num_seqs: int) -> str | None:
-        """Why ``num_seqs`` sequences of up to ``num_tokens`` tokens could never fit, or None."""
-        ...
+class KVReport(Protocol):
+    """Figures about memory, read on request (``LLM.kv_stats``), never by a step's work."""
 
-    def tokens_held(self, live: list[Sequence]) -> int: ...
+    peak_slots_allocated: int
+
+    def tokens_held(self, live: list[Sequence]) -> int:
+        """Slots holding a live token; a slot shared by several sequences counts once."""
+        ...
 
     def slots_allocated(self) -> int: ...
 
     def stats(self) -> dict: ...
-
-    def pool_view(self) -> tuple[list[int], list[bool], int] | None:
-        """(every block's ref_cnt, whether it is cached, free blocks), for pictures; None if no pool."""
-        ...
 
 
 class PagedKVManager:
@@ -121,7 +115,7 @@ class PagedKVManager:
         self._unwritten: list[KVCacheBlock] = []  # published this step, K/V not computed yet
 
     def block_ids(self, seq: Sequence, num_tokens: int) -> list[int]:
-        return seq.block_table.block_ids
+        return seq.block_table.block_ids[: cdiv(num_tokens, self.block_size)]
 
     def refuse(self, num_tokens: int, num_seqs: int) -> str | None:
         """Why ``num_seqs`` sequences of up to ``num_tokens`` tokens could never fit, or None."""
@@ -269,7 +263,6 @@ class PagedKVManager:
 
     # -- figures (on request, never per step) ----------------------------------------------
     def tokens_held(self, live: list[Sequence]) -> int:
-        """Slots holding a live token; a slot shared by several sequences counts once."""
         filled: dict[int, int] = {}
         for seq in live:
             n = seq.block_table.num_tokens

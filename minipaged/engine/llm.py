@@ -81,7 +81,7 @@ class LLM:
         if cfg.num_kvcache_blocks is None:
             log.info("KV cache: %s", why)
         layout = build_kv_layout(cfg, mc, self.num_blocks, self.max_model_len, dtype, device, plugins)
-        self.kv_manager = layout.manager
+        self.kv_manager, self.kv_report = layout.manager, layout.report
         self.runner = ModelRunner(self.model, layout.cache, layout.attention, layout.host_cache, plugins.slot_mapping)
         self.kv_cache = layout.cache
         stop = StopChecker(mc.eos_token_ids, self.max_model_len, self.tokenizer)
@@ -152,13 +152,7 @@ class LLM:
         s = self.scheduler
         swapped = [q for unit in s.swapped for q in unit]
         return take_snapshot(
-            self._step,
-            batch,
-            outputs,
-            s.running,
-            list(s.waiting),
-            swapped,
-            getattr(self.kv_manager, "pool_view", lambda: None)(),
+            self._step, batch, outputs, s.running, list(s.waiting), swapped, s.paged.pool_view() if s.paged else None
         )
 
     def run_step(self) -> tuple[ScheduledBatch, list[Sequence]]:
@@ -189,11 +183,11 @@ class LLM:
             kv_layout=self.config.kv_layout,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
-            tokens_held=self.kv_manager.tokens_held(live),
-            slots_allocated=self.kv_manager.slots_allocated(),
-            peak_slots_allocated=self.kv_manager.peak_slots_allocated,
+            tokens_held=self.kv_report.tokens_held(live),
+            slots_allocated=self.kv_report.slots_allocated(),
+            peak_slots_allocated=self.kv_report.peak_slots_allocated,
             **self.scheduler.stats(),
-            **self.kv_manager.stats(),
+            **self.kv_report.stats(),
         )
 
     # -- the batch API ---------------------------------------------------------------------

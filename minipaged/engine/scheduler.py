@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from minipaged.engine.batch import SamplerOutput, ScheduledBatch
 from minipaged.engine.beam_search import BeamGroup
-from minipaged.engine.kv_manager import KVManager
+from minipaged.engine.kv_manager import KVManager, PagedKVManager
 from minipaged.engine.sequence import Sequence, Status
 from minipaged.engine.stop import StopChecker
 
@@ -68,6 +68,8 @@ class Scheduler:
         policy: Callable[[Scheduler], ScheduledBatch] | None = None,
     ) -> None:
         self.kv = kv
+        # Sharing, prefix matching and swapping: the paged layout's alone (None for contiguous).
+        self.paged = kv if isinstance(kv, PagedKVManager) else None
         # Decides each step (``EnginePlugins.scheduler_policy``); the package's is schedule_fcfs.
         self.policy: Callable[[Scheduler], ScheduledBatch] = policy or Scheduler.schedule_fcfs
         self.max_num_seqs = max_num_seqs
@@ -86,6 +88,12 @@ class Scheduler:
         # a step holds at its fullest. What watches the engine (the paper's per-step figures)
         # hooks in here (``LLM.step_hooks``), so the engine carries no recording code.
         self.step_hooks: list[Callable[[ScheduledBatch], None]] = []
+
+    def sharing(self) -> PagedKVManager:
+        """The paged manager, for what only it does (fork, swap); input checks keep the rest away."""
+        if self.paged is None:
+            raise RuntimeError("forking and swapping need kv_layout='paged'")
+        return self.paged
 
     def add(self, seqs: list[Sequence]) -> None:
         """Queue a request's sequences (only the first, if the others fork from it later)."""
@@ -126,10 +134,10 @@ class Scheduler:
         while self.swapped and not batch.preempted and budget > 0:
             unit = self.swapped[0]
             plan = lockstep_plan(unit, budget)
-            if taken + seats(unit) > self.max_num_seqs or plan is None or not self.kv.can_swap_in(unit, plan):
+            if taken + seats(unit) > self.max_num_seqs or plan is None or not self.sharing().can_swap_in(unit, plan):
                 break
             self.swapped.popleft()
-            batch.blocks_to_swap_in += self.kv.swap_in(unit)
+            batch.blocks_to_swap_in += self.sharing().swap_in(unit)
             self._start(unit)
             taken += seats(unit)
             budget -= self._add_to_batch(unit, plan, batch)
@@ -137,7 +145,7 @@ class Scheduler:
             unit = unit_of(self.waiting[0])
             if taken + seats(unit) > self.max_num_seqs:
                 break
-            hits = [self.kv.match_prefix(s) if hasattr(self.kv, "match_prefix") else 0 for s in unit]
+            hits = [self.paged.match_prefix(s) if self.paged else 0 for s in unit]
             for s, hit in zip(unit, hits):
                 s.num_computed_tokens = s.num_cached_tokens = hit
             plan = lockstep_plan(unit, budget)
@@ -161,9 +169,7 @@ class Scheduler:
         if seq.status is not Status.WAITING or seq.beam is not None:
             raise ValueError(f"sequence {seq.seq_id} is not a waiting single sequence")
         if not seq.num_computed_tokens:
-            seq.num_computed_tokens = seq.num_cached_tokens = (
-                self.kv.match_prefix(seq) if hasattr(self.kv, "match_prefix") else 0
-            )
+            seq.num_computed_tokens = seq.num_cached_tokens = self.paged.match_prefix(seq) if self.paged else 0
         return seq.num_computed_tokens
 
     def carry_out(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence]) -> ScheduledBatch:
@@ -209,8 +215,8 @@ class Scheduler:
         """Swap the unit out if host memory has room; else free it, to be recomputed later."""
         for s in unit:
             self.running.remove(s)
-        if self.swap and self.kv.can_swap_out(unit):
-            batch.blocks_to_swap_out += self.kv.swap_out(unit)
+        if self.swap and self.paged and self.paged.can_swap_out(unit):
+            batch.blocks_to_swap_out += self.paged.swap_out(unit)
             for s in unit:
                 s.status = Status.SWAPPED
             self.swapped.append(unit)
@@ -247,7 +253,7 @@ class Scheduler:
             if seq.beam is None and seq.status is Status.WAITING:  # forks from its parent's finished prompt
                 parent = batch.seqs[row]
                 parent.fork_pending = False
-                self.kv.fork(parent, seq)
+                self.sharing().fork(parent, seq)
                 seq.num_computed_tokens = parent.num_computed_tokens
                 seq.num_cached_tokens = parent.num_cached_tokens
                 self._start([seq])
@@ -282,7 +288,7 @@ class Scheduler:
             at = self.running.index(beam) + 1
             for k, (token, cum) in enumerate(picks[1:], start=1):
                 child = beam.branch()
-                self.kv.fork(beam, child)
+                self.sharing().fork(beam, child)
                 self.running.insert(at, child)  # beside its parent: a unit stays together
                 child.token_ids.append(token)
                 child.cum_logprob = cum
@@ -314,8 +320,8 @@ class Scheduler:
         batch, self.in_flight = self.in_flight, None
         if batch is None:
             return []
-        if hasattr(self.kv, "drop_unwritten"):
-            self.kv.drop_unwritten()
+        if self.paged:
+            self.paged.drop_unwritten()
         for generator, state in batch.rng_states:
             generator.set_state(state)
         touched: list[list[Sequence]] = []

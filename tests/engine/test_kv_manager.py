@@ -371,3 +371,52 @@ def test_stats_and_pool_view():
         swapped_in_blocks=0,
     )
     assert kv.pool_view() == ([2, 1, 1, 0, 0, 0, 0, 0], [True] + [False] * 7, 5)
+
+
+def test_block_ids_are_the_blocks_of_the_first_tokens_and_a_copy():
+    kv = manager()
+    s = seq(range(1, 10))  # 9 tokens: 3 blocks of 4
+    step(kv, s, 9)
+    table = s.block_table.block_ids
+    assert kv.block_ids(s, 9) == table and len(table) == 3
+    assert kv.block_ids(s, 8) == table[:2] and kv.block_ids(s, 1) == table[:1]
+    ids = kv.block_ids(s, 9)
+    step(kv, s, 4)  # the table grows by one block; what was handed out before does not
+    assert len(s.block_table.block_ids) == 4 and ids == table[:3] and len(ids) == 3
+
+
+def test_the_step_interface_is_what_both_layouts_offer_and_nothing_more():
+    """The scheduler's view of memory: the step's calls (KVManager) and the figures (KVReport);
+    sharing, prefix matching and swapping are the paged manager's alone."""
+    from typing_extensions import get_protocol_members
+
+    from minipaged.engine.contiguous_manager import ContiguousKVManager
+    from minipaged.engine.kv_manager import KVManager, KVReport
+
+    step_calls = get_protocol_members(KVManager)
+    figures = get_protocol_members(KVReport)
+    assert step_calls == {
+        "can_fork",
+        "table_block_size",
+        "refuse",
+        "can_schedule",
+        "allocate",
+        "block_ids",
+        "free",
+        "mark_written",
+    }
+    assert figures == {"peak_slots_allocated", "tokens_held", "slots_allocated", "stats"}
+    contiguous = ContiguousKVManager(64, BS, 32)
+    for name in step_calls | figures:
+        assert hasattr(contiguous, name) and hasattr(manager(), name), name
+    for name in (
+        "match_prefix",
+        "fork",
+        "can_swap_out",
+        "swap_out",
+        "can_swap_in",
+        "swap_in",
+        "drop_unwritten",
+        "pool_view",
+    ):
+        assert not hasattr(contiguous, name) and hasattr(manager(), name), name
