@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-import torch
-
 from minipaged.engine.sequence import Sequence
 
 
@@ -24,9 +22,12 @@ class ScheduledBatch:
     its blocks are ``block_tables[i]`` (of ``block_size`` slots each).
 
     ``samples``: ``(row, seq)`` for every sequence that samples its next token from that row's
-    logits: a sequence whose step reaches its last token, and the forked samples of a prompt that
-    just finished (they share their parent's row). ``preempted``: sequences that lost their
-    blocks this step (to recompute), and ``swapped_out`` those moved to host memory.
+    logits: a sequence whose step reaches its last token, and the samples that fork from a prompt
+    that just finished (they share their parent's row). ``decode``: whether a row computes just
+    the token sampled last (:meth:`Sequence.is_decode`, the one definition). ``preempted``:
+    sequences that lost their blocks this step (to recompute), and ``swapped_out`` those moved to
+    host memory. (The step's random states and staged blocks are the transaction's:
+    :class:`~minipaged.engine.step_transaction.StepTransaction`.)
     """
 
     block_size: int = 1
@@ -41,20 +42,16 @@ class ScheduledBatch:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     preempted: list[Sequence] = field(default_factory=list)
     swapped_out: list[Sequence] = field(default_factory=list)
-    rng_states: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
 
-    def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int]) -> None:
+    def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int], samplers: Seq[Sequence] = ()) -> None:
+        """A row computing ``num_tokens`` of ``seq``; ``samplers`` draw from its logits."""
         row = len(self.seqs)
         self.seqs.append(seq)
         self.q_lens.append(num_tokens)
         self.starts.append(seq.num_computed_tokens)
         self.block_tables.append(block_table)
         self.decode.append(seq.is_decode(num_tokens))
-        if seq.num_computed_tokens + num_tokens == len(seq):  # reaches its last token: it samples
-            for s in [seq, *seq.pending_samples]:
-                self.samples.append((row, s))
-                if s.generator is not None:  # kept so that a failed step can give the draw back
-                    self.rng_states.append((s.generator, s.generator.get_state()))
+        self.samples += [(row, s) for s in samplers]
 
 
 @dataclass

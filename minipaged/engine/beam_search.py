@@ -11,16 +11,27 @@ end-of-sequence token) and the best ``beam_width`` are the answer.
 In memory the beams are sequences that share blocks: a beam chosen twice forks (its block table
 copied, every block's ``ref_cnt`` up; its partly filled last block is copied on write when the
 two children write their different tokens), and a beam nobody chose frees its blocks at once.
-:class:`BeamGroup` decides; the scheduler forks, prunes and frees.
+:class:`BeamGroup` is the request group of a beam search
+(:class:`~minipaged.engine.request_group.RequestGroup`): its live beams are one unit, scheduled,
+preempted and swapped together and stepping in lockstep; it decides which beams live on, and
+asks the scheduler to fork, prune and free.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from minipaged.engine.request_group import RequestGroup
 from minipaged.engine.sampling_params import BeamSearchParams
 from minipaged.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from minipaged.engine.batch import SamplerOutput
+    from minipaged.engine.inputs import Limits
+    from minipaged.engine.scheduler import Scheduler
 
 
 @dataclass
@@ -50,21 +61,133 @@ def beam_score(num_tokens: int, last_token: int, cum_logprob: float, eos: Collec
     return cum_logprob / (length**penalty)
 
 
-class BeamGroup:
+def lockstep_plan(need: list[int], budget: int) -> list[int] | None:
+    """New tokens per beam, of the ``need`` each still lacks K/V for. A beam search samples only
+    when every beam reaches its last token in the same step, so a beam stops one short of it
+    until all can finish together."""
+    if len(need) == 1:
+        return [min(need[0], budget)]
+    if sum(need) <= budget:
+        return need
+    share = budget // len(need)
+    plan = [min(r - 1, share) for r in need]
+    return plan if sum(plan) else None
+
+
+class BeamGroup(RequestGroup):
     """The state of one beam search: its live beams (best first) and its finished ones."""
 
-    def __init__(self, params: BeamSearchParams, first: Sequence, eos_token_ids: Collection[int]) -> None:
-        self.params = params
+    streams = False
+
+    @classmethod
+    def create(
+        cls,
+        request_id: int,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: Any,
+        block_size: int,
+        can_fork: bool,
+        eos_token_ids: Collection[int],
+    ) -> BeamGroup:
+        """The group of ``params`` (the kind :func:`~minipaged.engine.inputs.group_class` chose)."""
+        return cls(request_id, prompt, prompt_token_ids, params, block_size, eos_token_ids)
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: BeamSearchParams,
+        block_size: int,
+        eos_token_ids: Collection[int],
+    ) -> None:
+        first = Sequence(request_id, prompt_token_ids, params, block_size)
+        super().__init__(request_id, prompt, prompt_token_ids, params, [first])
+        self.beam_params = params
+        self.num_candidates = 2 * params.beam_width
         self.eos = frozenset(eos_token_ids)
         self.live: list[Sequence] = [first]
         self.completed: list[BeamSearchSequence] = []
         self.num_steps = 0
         self.num_prompt_tokens = first.num_prompt_tokens
         self.final: list[BeamSearchSequence] | None = None  # the answer, once done
-        first.beam = self
+        self._candidates: list[list[tuple[int, float]]] = []  # this step's, in ``live`` order
 
+    @staticmethod
+    def check(params: Any, index: int, limits: Limits) -> int:
+        """Refuse a beam search this engine could never run; returns the beams, since a beam
+        search recomputed after preemption holds every beam's blocks."""
+        if not limits.can_fork:
+            raise ValueError("beam search shares blocks between beams: it needs kv_layout='paged'")
+        if params.beam_width > limits.max_num_batched_tokens:
+            raise ValueError(
+                f"beam_width {params.beam_width} > max_num_batched_tokens {limits.max_num_batched_tokens}: "
+                f"the beams of a prompt step together"
+            )
+        return int(params.beam_width)
+
+    @staticmethod
+    def asks_for(params: Any) -> str:
+        return f"beam_width={params.n} beams"
+
+    # -- the scheduler's unit --------------------------------------------------------------
+    def unit(self, seq: Sequence) -> list[Sequence]:
+        return list(self.live)
+
+    def seats(self, unit: list[Sequence]) -> int:
+        return self.beam_params.beam_width
+
+    def plan(self, unit: list[Sequence], computed: Seq[int], budget: int) -> list[int] | None:
+        return lockstep_plan([len(s) - c for s, c in zip(unit, computed)], budget)
+
+    def members(self) -> list[Sequence]:
+        return list(self.live)
+
+    # -- after the step --------------------------------------------------------------------
+    def receive(self, scheduler: Scheduler, seq: Sequence, sampled: SamplerOutput, i: int) -> list[Sequence]:
+        self._candidates.append(sampled.candidates[i])
+        return []
+
+    def settle(self, scheduler: Scheduler) -> list[Sequence]:
+        """Apply the choice: a beam chosen k times forks k - 1 times, one not chosen is pruned
+        (its blocks freed at once). Returns every beam that was live."""
+        old = list(self.live)
+        chosen = self.select(self._candidates)
+        self._candidates = []
+        children: dict[int, list[tuple[int, float]]] = {}
+        for parent, token, cum in chosen:
+            children.setdefault(parent, []).append((token, cum))
+        new_live: dict[tuple[int, int], Sequence] = {}
+        for i, beam in enumerate(old):
+            picks = children.get(i, [])
+            if not picks:
+                scheduler.finish(beam, "pruned")
+                continue
+            at = scheduler.running.index(beam) + 1  # beside its parent: a unit stays together
+            for k, (token, cum) in enumerate(picks[1:], start=1):
+                child = beam.branch()
+                scheduler.fork(beam, child, at)
+                child.token_ids.append(token)
+                child.cum_logprob = cum
+                new_live[i, k] = child
+            beam.token_ids.append(picks[0][0])
+            beam.cum_logprob = picks[0][1]
+            new_live[i, 0] = beam
+        seen: dict[int, int] = {}
+        self.live = []
+        for parent, _, _ in chosen:  # best first
+            k = seen[parent] = seen.get(parent, -1) + 1
+            self.live.append(new_live[parent, k])
+        if self.done:
+            self.final = self.result()
+            for beam in self.live:
+                scheduler.finish(beam, "length")
+        return old
+
+    # -- the rule --------------------------------------------------------------------------
     def _score(self, num_tokens: int, last: int, cum: float) -> float:
-        return beam_score(num_tokens, last, cum, self.eos, self.params.length_penalty)
+        return beam_score(num_tokens, last, cum, self.eos, self.beam_params.length_penalty)
 
     def select(self, candidates: list[list[tuple[int, float]]]) -> list[tuple[int, int, float]]:
         """Candidates ``[(token, logprob), ...]`` of each live beam (in ``live`` order, most likely
@@ -74,22 +197,22 @@ class BeamGroup:
         for i, (beam, cands) in enumerate(zip(self.live, candidates)):
             for token, logprob in cands:
                 cum = beam.cum_logprob + logprob
-                if token in self.eos and not self.params.ignore_eos:
+                if token in self.eos and not self.beam_params.ignore_eos:
                     self.completed.append(BeamSearchSequence(beam.output_token_ids + [token], cum, "stop"))
                 else:
                     proposals.append((i, token, cum))
         n = len(self.live[0]) + 1  # every live beam has the same length
         proposals.sort(key=lambda p: self._score(n, p[1], p[2]), reverse=True)  # stable, as vLLM's sorted()
         self.num_steps += 1
-        return proposals[: self.params.beam_width]
+        return proposals[: self.beam_params.beam_width]
 
     @property
     def done(self) -> bool:
-        return not self.live or self.num_steps >= self.params.max_tokens
+        return not self.live or self.num_steps >= self.beam_params.max_tokens
 
     def result(self) -> list[BeamSearchSequence]:
         """Finished and live beams ranked; the best ``beam_width``."""
         ranked = self.completed + [BeamSearchSequence(b.output_token_ids, b.cum_logprob, "length") for b in self.live]
         prompt = self.num_prompt_tokens
         ranked.sort(key=lambda s: self._score(prompt + len(s.token_ids), s.token_ids[-1], s.cum_logprob), reverse=True)
-        return ranked[: self.params.beam_width]
+        return ranked[: self.beam_params.beam_width]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from minipaged.engine.config import RESERVE_POLICIES
 from minipaged.engine.sequence import Sequence
+from minipaged.engine.step_transaction import StepTransaction
 from minipaged.kv.contiguous import FirstFitArena
 
 
@@ -61,10 +62,10 @@ class ContiguousKVManager:
         new = [s for s in unit if s.seq_id not in self.arena]
         return not new or (len(new) == 1 and self.arena.largest_hole >= self.size_of(new[0]))
 
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+    def allocate(self, seq: Sequence, num_new_tokens: int, tx: StepTransaction) -> None:
+        """A new sequence's one reservation, whole (nothing to copy, nothing to publish)."""
         if seq.seq_id not in self.arena:
             self.arena.reserve(seq.seq_id, self.size_of(seq))
-        return []
 
     def free(self, seq: Sequence) -> None:
         if seq.seq_id in self.arena:

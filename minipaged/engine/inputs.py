@@ -1,4 +1,5 @@
-"""Prompts in, checked: every problem is found before anything is queued.
+"""Prompts in, checked: every problem is found before anything is queued; and the request
+group (:func:`group_class`) each request's params make.
 
 A prompt is a string (needs a tokenizer) or token ids: a list or tuple of ints, or a 1-D
 integer numpy array or torch tensor. ``generate`` takes one prompt or a list of them.
@@ -16,6 +17,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from minipaged.engine.beam_search import BeamGroup
+from minipaged.engine.request_group import SampleGroup
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 
 Prompt = str | Seq[int] | np.ndarray | torch.Tensor
@@ -89,9 +92,18 @@ class Limits:
     kv_room: Callable[[int, int], str | None]  # (tokens, sequences) -> why they never fit, or None
 
 
+def group_class(params: object) -> type[SampleGroup] | type[BeamGroup] | None:
+    """The one place that tells a beam search from sampling: the request group ``params`` make
+    (None: they are neither kind of params)."""
+    if isinstance(params, BeamSearchParams):
+        return BeamGroup
+    return SampleGroup if isinstance(params, SamplingParams) else None
+
+
 def check_request(ids: list[int], params: SamplingParams | BeamSearchParams, index: int, limits: Limits) -> None:
     """Refuse a request that could never run, saying why and what to change."""
-    if not isinstance(params, (SamplingParams, BeamSearchParams)):
+    kind = group_class(params)
+    if kind is None:
         raise TypeError(f"sampling params of prompt {index} must be a SamplingParams, got {type(params).__name__}")
     if not ids:
         raise ValueError(f"prompt {index} is empty")
@@ -99,10 +111,9 @@ def check_request(ids: list[int], params: SamplingParams | BeamSearchParams, ind
     if bad:
         raise ValueError(f"prompt {index} has token ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}")
     if params.n > limits.max_num_seqs:
-        what = f"beam_width={params.n} beams" if isinstance(params, BeamSearchParams) else f"n={params.n} samples"
         raise ValueError(
-            f"prompt {index} asks for {what} but max_num_seqs={limits.max_num_seqs}: they could never "
-            f"run together; raise max_num_seqs or ask for fewer"
+            f"prompt {index} asks for {kind.asks_for(params)} but max_num_seqs={limits.max_num_seqs}: they could "
+            f"never run together; raise max_num_seqs or ask for fewer"
         )
     total = len(ids) + params.max_tokens
     if total > limits.max_model_len:
@@ -110,22 +121,7 @@ def check_request(ids: list[int], params: SamplingParams | BeamSearchParams, ind
             f"prompt {index}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} = {total} "
             f"exceeds max_model_len {limits.max_model_len}"
         )
-    num_seqs = 1
-    if isinstance(params, BeamSearchParams):
-        if not limits.can_fork:
-            raise ValueError("beam search shares blocks between beams: it needs kv_layout='paged'")
-        if params.beam_width > limits.max_num_batched_tokens:
-            raise ValueError(
-                f"beam_width {params.beam_width} > max_num_batched_tokens {limits.max_num_batched_tokens}: "
-                f"the beams of a prompt step together"
-            )
-        num_seqs = params.beam_width  # a recomputed beam search holds every beam's blocks
-    else:
-        if params.stop and not limits.has_tokenizer:
-            raise ValueError(f"prompt {index}: stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        bad = [t for t in params.stop_token_ids or () if t >= limits.vocab_size]
-        if bad:
-            raise ValueError(f"prompt {index}: stop_token_ids outside the vocabulary [0, {limits.vocab_size}): {bad}")
+    num_seqs = kind.check(params, index, limits)  # kind-specific checks; the sequences held at once
     # The last sampled token is never stored: a sequence holds at most total - 1 tokens of K/V.
     why = limits.kv_room(total, num_seqs)
     if why is not None:

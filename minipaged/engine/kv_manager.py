@@ -12,8 +12,11 @@ figures read about it on request; two layouts implement both (the factory in
   per sequence, kept to compare the two on the same memory budget. It shares nothing, matches
   no prefix and never swaps, so it has no such methods.
 
-A *unit* is the sequences that are scheduled, preempted and swapped together: one sequence, or
-every live beam of a beam search. ``plan`` gives each member's new tokens this step.
+A *unit* is the sequences that are scheduled, preempted and swapped together (their request
+group says which: one sample, or every live beam of a beam search). ``plan`` gives each
+member's new tokens this step. What a step changes in memory beyond the blocks a sequence owns
+(the copies it owes, the blocks it fills for the prefix cache) is recorded in the step's
+transaction (:class:`~minipaged.engine.step_transaction.StepTransaction`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Protocol
 
 from minipaged.engine.sequence import Sequence
-from minipaged.kv.block_pool import BlockPool, KVBlockPool, KVCacheBlock
+from minipaged.engine.step_transaction import PrefixHit, StepTransaction
+from minipaged.kv.block_pool import BlockPool, KVBlockPool
 from minipaged.kv.prefix_cache import PrefixCache
 from minipaged.utils import cdiv
 
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
 class KVManager(Protocol):
     """What the scheduler asks of memory in every step, whatever the layout.
 
-    Sharing (``fork``), prefix matching and swapping are the paged layout's alone: the scheduler
+    Sharing (``fork``), prefix hits and swapping are the paged layout's alone: the scheduler
     reaches them through :class:`PagedKVManager` (its ``paged``), never through this interface.
     """
 
@@ -48,8 +52,8 @@ class KVManager(Protocol):
 
     def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool: ...
 
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
-        """Room for the step's new tokens; returns the (src, dst) copies owed before the forward."""
+    def allocate(self, seq: Sequence, num_new_tokens: int, tx: StepTransaction) -> None:
+        """Room for the step's new tokens; the copies owed before the forward go to ``tx``."""
         ...
 
     def block_ids(self, seq: Sequence, num_tokens: int) -> Seq[int]:
@@ -60,7 +64,7 @@ class KVManager(Protocol):
     def free(self, seq: Sequence) -> None: ...
 
     def mark_written(self) -> None:
-        """The step ran: every slot handed out for it holds K/V now (and the peak is updated)."""
+        """The step ran: every slot handed out for it holds K/V now (the peak is updated)."""
         ...
 
 
@@ -112,7 +116,6 @@ class PagedKVManager:
         self.num_cow_copies = 0
         self.swapped_out_blocks = self.swapped_in_blocks = 0
         self._on_host: set[int] = set()  # seq_ids whose block tables name host blocks
-        self._unwritten: list[KVCacheBlock] = []  # published this step, K/V not computed yet
 
     def block_ids(self, seq: Sequence, num_tokens: int) -> list[int]:
         return seq.block_table.block_ids[: cdiv(num_tokens, self.block_size)]
@@ -125,21 +128,45 @@ class PagedKVManager:
         return None
 
     # -- admission -------------------------------------------------------------------------
-    def match_prefix(self, seq: Sequence) -> int:
-        """Share the cached blocks of ``seq``'s longest cached prefix; returns the tokens hit.
+    def prefix_hit(self, seq: Sequence, tx: StepTransaction) -> PrefixHit:
+        """Waiting ``seq``'s longest cached prefix: blocks in the prefix cache, then blocks this
+        step fills (staged in ``tx``). Nothing changes: :meth:`hold` and :meth:`attach` take it.
 
         At least the last token is always left to compute, since its logits give the next token:
         a block holding the last token is never taken from the cache, so nothing shared is
         written again.
         """
-        if self.prefix_cache is None or seq.num_computed_tokens:
-            return 0
-        seq.block_hashes = self.hash_blocks(seq.token_ids, self.block_size, seq.block_hashes, None)
-        usable = (len(seq) - 1) // self.block_size
-        hits = self.prefix_lookup(self.prefix_cache, seq.block_hashes[:usable], seq.token_ids, self.block_size)
-        self.prefix_cache.take(hits)
-        seq.block_table.add_blocks([b.block_id for b in hits], len(hits) * self.block_size)
-        return len(hits) * self.block_size
+        if self.prefix_cache is None:
+            return PrefixHit()
+        hashes = self.hash_blocks(seq.token_ids, self.block_size, seq.block_hashes, None)
+        usable = hashes[: (len(seq) - 1) // self.block_size]
+        hits = self.prefix_lookup(self.prefix_cache, usable, seq.token_ids, self.block_size)
+        last = hits[-1] if hits else None
+        hits += tx.staged_run(usable[len(hits) :], seq.token_ids, self.block_size, len(hits), last)
+        return PrefixHit(hashes, hits)
+
+    def can_admit(self, unit: list[Sequence], hits: list[PrefixHit], plan: list[int]) -> bool:
+        """Whether waiting ``unit`` fits once each member takes its hit: the blocks its tokens
+        grow into, plus the hits that are free now (a cached free block leaves the free queue)."""
+        bs = self.block_size
+        grow = sum(cdiv(len(h.blocks) * bs + n, bs) - len(h.blocks) for h, n in zip(hits, plan) if n)
+        revived = {b.block_id for h in hits for b in h.blocks if b.ref_cnt == 0}
+        return grow + len(revived) <= self.pool.num_free_blocks
+
+    def hold(self, hit: PrefixHit) -> None:
+        """Take one reference to each block of ``hit`` (a free one leaves the free queue)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.take(hit.blocks)
+
+    def release(self, hit: PrefixHit) -> None:
+        """Give back what :meth:`hold` took (the sequence was not admitted after all)."""
+        self.pool.free([b.block_id for b in hit.blocks])
+
+    def attach(self, seq: Sequence, hit: PrefixHit) -> int:
+        """``seq``'s block table starts with the held ``hit``; returns the tokens it holds."""
+        seq.block_hashes = hit.block_hashes
+        seq.block_table.add_blocks([b.block_id for b in hit.blocks], len(hit.blocks) * self.block_size)
+        return len(hit.blocks) * self.block_size
 
     # -- growth ----------------------------------------------------------------------------
     def _tail(self, seq: Sequence) -> int | None:
@@ -166,37 +193,29 @@ class PagedKVManager:
     def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool:
         return self._blocks_needed(unit, plan, self.pool) <= self.pool.num_free_blocks
 
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
-        """Room for ``num_new_tokens`` more tokens; a shared block is copied before it is written."""
-        copies = []
+    def allocate(self, seq: Sequence, num_new_tokens: int, tx: StepTransaction) -> None:
+        """Room for ``num_new_tokens`` more tokens; a shared block is copied before it is written
+        (the copy owed goes to ``tx.batch.blocks_to_copy``), and the blocks the step fills are staged."""
         table = seq.block_table
         idx = self._tail(seq)
         if idx is not None:
             copy = self.copy_on_write(self.pool, table.block_ids, idx)
             if copy is not None:
-                copies.append(copy)
+                tx.batch.blocks_to_copy.append(copy)
                 self.num_cow_copies += 1
         table.append_tokens(max(seq.num_computed_tokens + num_new_tokens - table.num_tokens, 0), self.pool)
-        self._publish(seq, seq.num_computed_tokens // self.block_size, table.num_tokens // self.block_size)
-        return copies
+        self._stage(seq, seq.num_computed_tokens // self.block_size, table.num_tokens // self.block_size, tx)
 
-    def _publish(self, seq: Sequence, first: int, end: int) -> None:
-        """Offer blocks ``first .. end - 1`` of ``seq``, full once this step has run, to the prefix cache.
-
-        They are published before the step computes them, so a request admitted later in the same
-        step can share them: every attention layer writes the whole batch's K/V before any query
-        reads, so the reader finds them in place. Until the step succeeds they are *unwritten*: a
-        failed step withdraws them (:meth:`drop_unwritten`).
-        """
+    def _stage(self, seq: Sequence, first: int, end: int, tx: StepTransaction) -> None:
+        """Offer blocks ``first .. end - 1`` of ``seq``, full once this step has run, to the prefix
+        cache: staged in ``tx``, published when it commits (after the forward wrote their K/V)."""
         if self.prefix_cache is None or end <= first:
             return
         bs, table = self.block_size, seq.block_table.block_ids
         seq.block_hashes = self.hash_blocks(seq.token_ids[: end * bs], bs, seq.block_hashes[:first], None)
         for i in range(first, end):
-            block = self.pool.blocks[table[i]]
             parent = self.pool.blocks[table[i - 1]] if i else None
-            if self.prefix_cache.insert(block, seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs], parent):
-                self._unwritten.append(block)
+            tx.stage(self.pool.blocks[table[i]], seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs], parent)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (``ref_cnt + 1`` each)."""
@@ -252,14 +271,7 @@ class PagedKVManager:
 
     # -- the step's outcome ----------------------------------------------------------------
     def mark_written(self) -> None:
-        self._unwritten.clear()
         self.peak_slots_allocated = max(self.peak_slots_allocated, self.slots_allocated())
-
-    def drop_unwritten(self) -> None:
-        if self.prefix_cache is not None:
-            for block in self._unwritten:
-                self.prefix_cache.discard(block)
-        self._unwritten.clear()
 
     # -- figures (on request, never per step) ----------------------------------------------
     def tokens_held(self, live: list[Sequence]) -> int:

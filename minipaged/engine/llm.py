@@ -33,11 +33,12 @@ from minipaged.engine.config import EngineConfig
 from minipaged.engine.kv_layout import build_kv_layout
 from minipaged.engine.messages import Conversation, as_conversations, render, template_of
 from minipaged.engine.model_runner import ModelRunner
-from minipaged.engine.outputs import Request, RequestOutput, StepSnapshot, take_snapshot
+from minipaged.engine.outputs import RequestOutput, StepSnapshot, take_snapshot
 from minipaged.engine.plugins import EnginePlugins
+from minipaged.engine.request_group import RequestGroup
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.engine.scheduler import Scheduler
-from minipaged.engine.sequence import Sequence, Status
+from minipaged.engine.sequence import Sequence
 from minipaged.engine.stop import StopChecker
 from minipaged.model.loader import load_model
 
@@ -94,7 +95,7 @@ class LLM:
             self.tokenizer is not None, self.kv_manager.can_fork, self.kv_manager.refuse,
         )  # fmt: skip
         self._request_ids = itertools.count()
-        self._requests: dict[int, Request] = {}
+        self._requests: dict[int, RequestGroup] = {}
         self._step = 0
         self.failed_request_ids: list[int] = []  # the requests of the last step that raised
         # Called with each step's batch once its K/V are written (see Scheduler.step_hooks).
@@ -112,14 +113,13 @@ class LLM:
         request_ids = []
         for (text, ids), sp in zip(encoded, params):
             rid = next(self._request_ids)
-            if isinstance(sp, BeamSearchParams):
-                seqs = [Sequence(rid, ids, sp, self.block_size)]
-                group = BeamGroup(sp, seqs[0], self.model.config.eos_token_ids)
-                self._requests[rid] = Request(rid, text, ids, seqs, group)
-            else:
-                seqs = Sequence.for_request(rid, ids, sp, self.block_size, fork_later=self.kv_manager.can_fork)
-                self._requests[rid] = Request(rid, text, ids, seqs)
-            self.scheduler.add(seqs)
+            kind = inputs.group_class(sp)
+            assert kind is not None  # checked above
+            group = kind.create(
+                rid, text, ids, sp, self.block_size, self.kv_manager.can_fork, self.model.config.eos_token_ids
+            )
+            self._requests[rid] = group
+            self.scheduler.add(group)
             request_ids.append(rid)
         return request_ids
 
@@ -130,7 +130,7 @@ class LLM:
         if unknown:
             raise ValueError(f"no request with id {unknown[0]} was ever added")
         for rid in ids:
-            self.scheduler.abort(self._requests[rid].live())
+            self.scheduler.abort(self._requests[rid].members())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -147,7 +147,7 @@ class LLM:
         ``failed_request_ids`` lists the requests that the failed step ran.
         """
         batch, progressed = self.run_step()
-        requests = sorted({s.request_id for s in progressed if self._requests[s.request_id].beam is None})
+        requests = sorted({s.request_id for s in progressed if self._requests[s.request_id].streams})
         outputs = [self.get_output(r) for r in requests]
         s = self.scheduler
         swapped = [q for unit in s.swapped for q in unit]
@@ -164,7 +164,7 @@ class LLM:
             batch = self.scheduler.schedule()
             sampled = self.runner.run(batch)
         except BaseException:
-            self.failed_request_ids = sorted({s.request_id for s in self.scheduler.rollback()})
+            self.failed_request_ids = self.scheduler.rollback()
             raise
         progressed = self.scheduler.postprocess(batch, sampled)
         self._step += 1
@@ -234,18 +234,18 @@ class LLM:
     ) -> list[BeamSearchOutput]:
         """Beam search for every prompt (see :mod:`minipaged.engine.beam_search`): one
         :class:`BeamSearchOutput` per prompt, its ``beam_width`` best sequences best first."""
-        if not isinstance(params, BeamSearchParams):
+        if inputs.group_class(params) is not BeamGroup:
             raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         prompt_list = inputs.as_prompt_list(prompts)
         ids = self._run_all(prompt_list, [params] * len(prompt_list), use_tqdm)
         results = []
         for rid in ids:
-            req = self._requests[rid]
-            assert req.beam is not None and req.beam.final is not None
-            for s in req.beam.final:
+            group = self._requests[rid]
+            assert isinstance(group, BeamGroup) and group.final is not None
+            for s in group.final:
                 shown = s.token_ids[:-1] if s.finish_reason == "stop" else s.token_ids
                 s.text = self.tokenizer.decode(shown) if self.tokenizer is not None else ""
-            results.append(BeamSearchOutput(req.beam.final, rid, req.prompt_token_ids))
+            results.append(BeamSearchOutput(group.final, rid, group.prompt_token_ids))
         return results
 
     def _run_all(
@@ -261,12 +261,8 @@ class LLM:
             with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
                 while self.has_unfinished_requests():
                     _, progressed = self.run_step()
-                    bar.update(sum(self._done(r) for r in {s.request_id for s in progressed}))
+                    bar.update(sum(self._requests[r].finished for r in {s.request_id for s in progressed}))
         except BaseException:
             self.abort_request(ids)
             raise
         return ids
-
-    def _done(self, request_id: int) -> bool:
-        req = self._requests[request_id]
-        return all(s.status is Status.FINISHED for s in req.seqs + req.live())

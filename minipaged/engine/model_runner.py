@@ -19,6 +19,7 @@ copies, the forward (:meth:`forward`), then sampling (:mod:`minipaged.engine.sam
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import torch
 
@@ -96,10 +97,10 @@ class ModelRunner:
         draws: list[tuple[int, int, SamplingParams, torch.Generator | None]] = []
         beams: list[tuple[int, int, int]] = []  # (sample, row, candidates wanted)
         for i, (row, seq) in enumerate(batch.samples):
-            if isinstance(seq.params, SamplingParams):
-                draws.append((i, row, seq.params, seq.generator))
-            else:
-                beams.append((i, row, 2 * seq.params.beam_width))
+            if seq.group.num_candidates:
+                beams.append((i, row, seq.group.num_candidates))
+            else:  # a group that draws one token a row samples with SamplingParams
+                draws.append((i, row, cast(SamplingParams, seq.params), seq.generator))
         if draws:
             rows = [r for _, r, _, _ in draws]
             picked = logits if rows == list(range(len(logits))) else logits[rows]  # often every row

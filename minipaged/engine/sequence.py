@@ -1,10 +1,10 @@
 """One sequence being generated: its tokens, how many have K/V in the cache, its blocks.
 
-A request becomes one or more sequences: ``n`` samples (a *family*), or the live beams of a beam
-search. Who writes what: the scheduler writes a sequence's ``status``, its token counters and
-its tokens; the KV manager writes its ``block_table`` and ``block_hashes``; the stop rules
-(:mod:`~minipaged.engine.stop`) its ``stop_reason`` and ``text_len``; a beam search
-(:mod:`~minipaged.engine.beam_search`) ties its first beam to itself (``beam``).
+A request becomes one or more sequences, held by its request group
+(:mod:`~minipaged.engine.request_group`): ``n`` samples, or the live beams of a beam search.
+Who writes what: the scheduler writes a sequence's ``status`` and its token counters; its group
+appends its tokens (and a beam's ``cum_logprob``); the KV manager writes its ``block_table`` and
+``block_hashes``; the stop rules (:mod:`~minipaged.engine.stop`) its ``stop_reason`` and ``text_len``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.kv.block_table import BlockTable
 
 if TYPE_CHECKING:
-    from minipaged.engine.beam_search import BeamGroup
+    from minipaged.engine.request_group import RequestGroup
 
 
 class Status(enum.Enum):
-    WAITING = "waiting"  # queued: not started, preempted (to recompute), or a sample not forked yet
+    WAITING = "waiting"  # queued (not started, or preempted to recompute), or a sample not forked yet
     RUNNING = "running"
     SWAPPED = "swapped"  # preempted with its K/V moved to host memory
     FINISHED = "finished"
@@ -49,6 +49,7 @@ class Sequence:
         params: SamplingParams | BeamSearchParams,
         block_size: int,
         sample_index: int = 0,
+        generator: torch.Generator | None = None,
     ) -> None:
         self.seq_id = next(_ids)
         self.request_id = request_id
@@ -64,27 +65,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.text_len: int | None = None  # the output text is cut here (before a stop string)
-        self.fork_pending = False  # parent of n samples whose siblings fork once its prompt is done
-        self.family: list[Sequence] = [self]  # the request's samples, shared by all of them
-        self.beam: BeamGroup | None = None  # the beam search this sequence is a beam of
         self.cum_logprob = 0.0  # beams: log-probability of the generated tokens
-        self.generator: torch.Generator | None = None
-        if isinstance(params, SamplingParams) and params.seed is not None:
-            # One stream per (request seed, sample): independent of batching and preemption.
-            self.generator = torch.Generator().manual_seed((params.seed * 1_000_003 + sample_index) % 2**64)
-
-    @classmethod
-    def for_request(
-        cls, request_id: int, prompt_token_ids: list[int], params: SamplingParams, block_size: int, fork_later: bool
-    ) -> list[Sequence]:
-        """The ``n`` samples of one request, as one family. With ``fork_later`` (a cache that can
-        share blocks) the first computes the prompt and the others fork from it once it is done,
-        sharing its blocks; otherwise each sample computes the prompt on its own."""
-        seqs = [cls(request_id, prompt_token_ids, params, block_size, sample_index=i) for i in range(params.n)]
-        for s in seqs:
-            s.family = seqs
-        seqs[0].fork_pending = fork_later and params.n > 1
-        return seqs
+        self.generator = generator  # a seeded sample's own random stream
+        self.group: RequestGroup  # set by the request group that holds this sequence
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -103,11 +86,6 @@ class Sequence:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def pending_samples(self) -> list[Sequence]:
-        """The siblings that fork from this sequence once its prompt is computed."""
-        return self.family[1:] if self.fork_pending else []
-
     def is_decode(self, num_new_tokens: int) -> bool:
         """Whether computing ``num_new_tokens`` now is a decode step: the one token sampled last.
 
@@ -124,6 +102,6 @@ class Sequence:
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens
         child.status = self.status
-        child.beam = self.beam
+        child.group = self.group
         child.cum_logprob = self.cum_logprob
         return child

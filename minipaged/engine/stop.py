@@ -23,10 +23,8 @@ class StopChecker:
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer  # decodes the output text for stop strings
 
-    def check(self, seq: Sequence) -> str | None:
-        """The finish reason once ``seq``'s last token is appended, or None to go on."""
-        params = seq.params
-        assert isinstance(params, SamplingParams)
+    def check(self, seq: Sequence, params: SamplingParams) -> str | None:
+        """The finish reason once ``seq``'s last token is appended (``params``: its request's), or None to go on."""
         token, stop_ids = seq.token_ids[-1], params.stop_token_ids or ()
         if (not params.ignore_eos and token in self.eos_token_ids) or token in stop_ids:
             seq.stop_reason = token if token in stop_ids else None  # vLLM: None for the model's own EOS

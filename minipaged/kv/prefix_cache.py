@@ -135,11 +135,6 @@ class PrefixCache:
         self.entries[block.block_id] = CachedEntry(tuple(token_ids), parent_entry)
         return True
 
-    def discard(self, block: KVCacheBlock) -> None:
-        """Unpublish a block whose K/V were never written (its step failed)."""
-        self._remove(block)
-        block.block_hash = None
-
     def __len__(self) -> int:
         return len(self.blocks)
 

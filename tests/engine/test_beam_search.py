@@ -122,7 +122,7 @@ def test_beams_share_blocks_and_free_pruned_ones_at_once(tiny_model_dir):
     llm = LLM(tiny_model_dir, max_model_len=64, block_size=4, num_kvcache_blocks=40)
     params = BeamSearchParams(beam_width=4, max_tokens=6, ignore_eos=True)
     rid = llm._add_many([list(range(10, 23))], [params])[0]
-    group = llm._requests[rid].beam
+    group = llm._requests[rid]
     saved = []
     while llm.has_unfinished_requests():
         llm.step()

@@ -1,8 +1,9 @@
 """The paged KV manager on its own: block tables, prefix hits, copy-on-write, forks, swapping,
 the step's outcome and the figures — no model, no tensors.
 
-A step is played by hand as the scheduler plays it: ``allocate`` room for the new tokens, then
-(once the step "ran") count them as computed and append the sampled token.
+A step is played by hand as the scheduler plays it: ``allocate`` room for the new tokens in the
+step's transaction, then (once the step "ran") count them as computed, commit, and append the
+sampled token.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import pytest
 
 from minipaged import SamplingParams
 from minipaged.engine.kv_manager import PagedKVManager
+from minipaged.engine.request_group import SampleGroup
 from minipaged.engine.sequence import Sequence
+from minipaged.engine.step_transaction import StepTransaction
 from minipaged.kv.block_pool import NoFreeBlocksError
 from minipaged.kv.prefix_cache import chain_hashes
 
@@ -19,20 +22,40 @@ BS = 4
 
 
 def seq(tokens, max_tokens: int = 8) -> Sequence:
-    return Sequence(0, list(tokens), SamplingParams(temperature=0, max_tokens=max_tokens), BS)
+    return SampleGroup(0, None, list(tokens), SamplingParams(temperature=0, max_tokens=max_tokens), BS).seqs[0]
 
 
 def manager(num_blocks: int = 8, caching: bool = False, host: int = 0) -> PagedKVManager:
     return PagedKVManager(num_blocks, BS, caching, num_host_blocks=host)
 
 
-def step(kv: PagedKVManager, s: Sequence, n: int, sampled: int | None = None) -> list[tuple[int, int]]:
-    """Allocate ``n`` new tokens of ``s``, let the step run; ``sampled`` is appended if given."""
-    copies = kv.allocate(s, n)
+def transaction(kv: PagedKVManager) -> StepTransaction:
+    return StepTransaction(BS, kv.prefix_cache)
+
+
+def step(
+    kv: PagedKVManager, s: Sequence, n: int, sampled: int | None = None, tx: StepTransaction | None = None
+) -> list[tuple[int, int]]:
+    """Allocate ``n`` new tokens of ``s`` and let the step run (it commits, unless ``tx``, a
+    transaction of the caller's, is given); ``sampled`` is appended if given. Returns the copies owed."""
+    own = tx is None
+    tx = tx or transaction(kv)
+    kv.allocate(s, n, tx)
     s.num_computed_tokens += n
+    if own:
+        tx.commit()
     if sampled is not None:
         s.token_ids.append(sampled)
-    return copies
+    return tx.batch.blocks_to_copy
+
+
+def admit(kv: PagedKVManager, s: Sequence, tx: StepTransaction | None = None) -> int:
+    """Admit waiting ``s`` with its prefix hit, as the scheduler does; returns the tokens hit."""
+    tx = tx or transaction(kv)
+    hit = kv.prefix_hit(s, tx)
+    kv.hold(hit)
+    s.num_computed_tokens = kv.attach(s, hit)
+    return s.num_computed_tokens
 
 
 def forked_pair(kv: PagedKVManager, prompt_len: int = 6):
@@ -88,7 +111,7 @@ def test_allocate_raises_and_leaves_the_table_when_the_pool_is_short():
     kv = manager(num_blocks=2)
     a = seq(range(12))
     with pytest.raises(NoFreeBlocksError):
-        kv.allocate(a, 12)
+        kv.allocate(a, 12, transaction(kv))
     assert a.block_table.block_ids == [] and a.block_table.num_tokens == 0 and kv.pool.num_free_blocks == 2
 
 
@@ -135,7 +158,7 @@ def test_a_lone_writer_of_a_block_shared_with_others_copies():
     # child alone writes into block 1 that the parent keeps: one copy, and the pool has none free
     assert not kv.can_schedule([child], [1])
     with pytest.raises(NoFreeBlocksError):
-        kv.allocate(child, 1)
+        kv.allocate(child, 1, transaction(kv))
     assert child.block_table.block_ids == [0, 1] and refs(kv) == [2, 2] and kv.num_cow_copies == 0
 
 
@@ -164,85 +187,106 @@ def test_free_drops_one_reference_and_frees_the_tail_first():
 def written(kv: PagedKVManager, tokens) -> Sequence:
     """A sequence whose whole prompt was computed by a step that succeeded, then freed."""
     s = seq(tokens)
-    assert kv.match_prefix(s) == 0
+    assert admit(kv, s) == 0
     step(kv, s, len(s))
     kv.mark_written()
     kv.free(s)
     return s
 
 
-def test_match_prefix_shares_the_cached_full_blocks():
+def test_a_prefix_hit_shares_the_cached_full_blocks():
     kv = manager(caching=True)
     written(kv, range(1, 10))  # blocks 0, 1 full and published; block 2 partial
     assert kv.stats()["cached_blocks"] == 2
     b = seq([*range(1, 9), 20, 21])
-    assert kv.match_prefix(b) == 8
+    assert admit(kv, b) == 8
     assert b.block_table.block_ids == [0, 1] and b.block_table.num_tokens == 8
     assert refs(kv)[:3] == [1, 1, 0]
-    b.num_computed_tokens = 8
     assert step(kv, b, 2) == []
     assert b.block_table.block_ids == [0, 1, 3]  # block 2 waits behind the never-used ones
 
 
-def test_match_prefix_always_leaves_the_last_token_to_compute():
+def test_finding_a_hit_changes_nothing_until_it_is_held():
+    kv = manager(caching=True)
+    written(kv, range(1, 10))
+    b = seq([*range(1, 9), 20, 21])
+    free = kv.pool.num_free_blocks
+    hit = kv.prefix_hit(b, transaction(kv))
+    assert [x.block_id for x in hit.blocks] == [0, 1] and hit.block_hashes == chain_hashes(b.token_ids, BS)
+    assert (b.block_table.block_ids, b.block_hashes, b.num_computed_tokens) == ([], [], 0)
+    assert kv.pool.num_free_blocks == free and refs(kv)[:2] == [0, 0]
+    kv.hold(hit)  # a policy took it, then left b waiting: it goes back
+    assert kv.pool.num_free_blocks == free - 2
+    kv.release(hit)
+    assert kv.pool.num_free_blocks == free and refs(kv)[:2] == [0, 0]
+
+
+def test_can_admit_counts_the_hits_it_revives():
+    kv = manager(num_blocks=3, caching=True)
+    written(kv, range(1, 10))  # 3 free blocks, 0 and 1 cached
+    b = seq([*range(1, 9), 20, 21, 22, 23, 24])  # 8 hit + 5 new tokens: 2 new blocks
+    hit = kv.prefix_hit(b, transaction(kv))
+    assert not kv.can_admit([b], [hit], [5])  # 2 revived + 2 grown > 3 free
+    assert kv.can_admit([b], [hit], [4])  # 2 revived + 1 grown
+    assert kv.can_admit([b, b], [hit, hit], [4, 0])  # the same hits revive once
+
+
+def test_a_prefix_hit_always_leaves_the_last_token_to_compute():
     kv = manager(caching=True)
     written(kv, range(1, 10))
     whole = seq(range(1, 9))  # exactly the two cached blocks
-    assert kv.match_prefix(whole) == 4  # block 1 holds the last token: it is computed again
+    assert admit(kv, whole) == 4  # block 1 holds the last token: it is computed again
     assert whole.block_table.block_ids == [0]
 
 
-def test_match_prefix_misses_on_other_tokens_and_needs_caching_and_a_fresh_sequence():
+def test_a_prefix_hit_misses_on_other_tokens_and_needs_caching():
     kv = manager(caching=True)
     written(kv, range(1, 10))
-    assert kv.match_prefix(seq([9, *range(2, 10)])) == 0  # first block differs: nothing after it
-    started = seq(range(1, 10))
-    started.num_computed_tokens = 2
-    assert kv.match_prefix(started) == 0 and started.block_table.block_ids == []
+    assert admit(kv, seq([9, *range(2, 10)])) == 0  # first block differs: nothing after it
     plain = manager(caching=False)
     written(plain, range(1, 10))
-    assert plain.match_prefix(seq(range(1, 10))) == 0 and plain.stats()["cached_blocks"] == 0
+    assert admit(plain, seq(range(1, 10))) == 0 and plain.stats()["cached_blocks"] == 0
 
 
-def test_a_block_is_published_the_step_it_fills():
+def test_a_block_is_published_when_the_step_that_fills_it_commits():
     kv = manager(caching=True)
     a = seq(range(1, 11))
-    kv.match_prefix(a)
+    admit(kv, a)
     step(kv, a, 3)
     assert kv.stats()["cached_blocks"] == 0  # block 0 holds 3 of 4 tokens
-    step(kv, a, 3)
+    tx = transaction(kv)
+    step(kv, a, 3, tx=tx)
+    assert kv.stats()["cached_blocks"] == 0 and list(tx.staged) == a.block_hashes[:1]  # staged, not cached
+    tx.commit()  # the forward wrote block 0's K/V
     assert kv.stats()["cached_blocks"] == 1  # block 0 full after this step, block 1 not
     assert kv.pool_view()[1][:2] == [True, False]
     assert a.block_hashes == chain_hashes(list(range(1, 5)), BS)
 
 
-def test_drop_unwritten_withdraws_what_the_failed_step_published():
+def test_a_failed_step_publishes_nothing():
     kv = manager(caching=True)
     written(kv, range(1, 5))  # block 0 published by a step that succeeded
     a = seq(range(1, 14))
-    assert kv.match_prefix(a) == 4
-    a.num_computed_tokens = 4
-    step(kv, a, 9)  # publishes blocks 1, 2 (full once the step runs), block 3 partial
-    assert a.block_table.block_ids == [0, 1, 2, 3] and kv.stats()["cached_blocks"] == 3
-    kv.drop_unwritten()  # the step failed
-    assert kv.stats()["cached_blocks"] == 1
+    assert admit(kv, a) == 4
+    tx = transaction(kv)
+    step(kv, a, 9, tx=tx)  # fills blocks 1, 2 (full once the step runs), block 3 partial
+    assert a.block_table.block_ids == [0, 1, 2, 3] and len(tx.staged) == 2
+    tx.rollback()  # the step failed
+    assert kv.stats()["cached_blocks"] == 1 and not tx.staged
     assert kv.pool_view()[1][:4] == [True, False, False, False]
     assert [kv.pool.blocks[b].block_hash is None for b in (1, 2)] == [True, True]
     late = seq(range(1, 14))
-    assert kv.match_prefix(late) == 4  # only the block written by the earlier step is a hit
-    kv.drop_unwritten()  # nothing left to withdraw
-    assert kv.stats()["cached_blocks"] == 1
+    assert admit(kv, late) == 4  # only the block written by the earlier step is a hit
 
 
-def test_mark_written_keeps_what_was_published_and_records_the_peak():
+def test_mark_written_records_the_peak():
     kv = manager(caching=True)
     a = seq(range(1, 10))
-    kv.match_prefix(a)
+    admit(kv, a)
     step(kv, a, 9)
     assert kv.peak_slots_allocated == 0  # updated only once the step ran
     kv.mark_written()
     assert kv.peak_slots_allocated == 12 and kv.slots_allocated() == 12
-    kv.drop_unwritten()
     assert kv.stats()["cached_blocks"] == 2
     kv.free(a)
     kv.mark_written()
@@ -250,26 +294,51 @@ def test_mark_written_keeps_what_was_published_and_records_the_peak():
     assert kv.pool_view() == ([0] * 8, [True, True] + [False] * 6, 8)  # cached blocks stay cached
 
 
-def test_a_hit_on_a_block_published_in_the_same_step_is_withdrawn_with_it():
+def test_a_request_admitted_later_in_the_step_shares_what_it_stages():
     kv = manager(caching=True)
     a, b = seq(range(1, 10)), seq(range(1, 10))
-    kv.match_prefix(a)
-    step(kv, a, 9)  # same step: a publishes blocks 0, 1 ...
-    assert kv.match_prefix(b) == 8  # ... and b, admitted after it, shares them
-    kv.drop_unwritten()
+    tx = transaction(kv)
+    admit(kv, a, tx)
+    step(kv, a, 9, tx=tx)  # same step: a fills blocks 0, 1 ...
+    assert admit(kv, b, tx) == 8  # ... and b, admitted after it, shares them (staged, not yet cached)
+    assert kv.stats()["cached_blocks"] == 0 and refs(kv)[:3] == [2, 2, 1]
+    tx.commit()
+    assert kv.stats()["cached_blocks"] == 2
+
+
+def test_a_hit_on_a_staged_block_goes_with_a_failed_step():
+    kv = manager(caching=True)
+    a, b = seq(range(1, 10)), seq(range(1, 10))
+    tx = transaction(kv)
+    admit(kv, a, tx)
+    step(kv, a, 9, tx=tx)
+    assert admit(kv, b, tx) == 8
+    tx.rollback()
     assert kv.stats()["cached_blocks"] == 0
-    assert refs(kv)[:3] == [2, 2, 1]  # b keeps its references; only the cache forgets the blocks
-    assert kv.match_prefix(seq(range(1, 10))) == 0
+    assert refs(kv)[:3] == [2, 2, 1]  # b keeps its references until the scheduler frees it
+    assert admit(kv, seq(range(1, 10))) == 0
+
+
+def test_a_staged_block_must_continue_the_hit_before_it():
+    kv = manager(caching=True)
+    written(kv, range(1, 5))  # block 0 cached: tokens 1-4
+    a = seq([*range(1, 5), *range(5, 9), 30])
+    tx = transaction(kv)
+    admit(kv, a, tx)
+    step(kv, a, 5, tx=tx)  # stages block 1 (tokens 5-8) after cached block 0
+    other = seq([*range(11, 15), *range(5, 9), 31])  # same second block after another first one
+    assert admit(kv, other, tx) == 0
+    assert admit(kv, seq([*range(1, 9), 32]), tx) == 8
 
 
 def test_evicting_a_cached_block_counts():
     kv = manager(num_blocks=3, caching=True)
     written(kv, range(1, 10))  # 3 blocks, 2 cached, all free
     big = seq(range(100, 112))
-    assert kv.match_prefix(big) == 0
+    assert admit(kv, big) == 0
     step(kv, big, 12)  # takes every block, the 2 cached ones included
     assert kv.stats()["prefix_evictions"] == 2
-    assert kv.match_prefix(seq(range(1, 10))) == 0
+    assert admit(kv, seq(range(1, 10))) == 0
 
 
 # -- swapping ------------------------------------------------------------------------------
@@ -354,7 +423,7 @@ def test_tokens_held_counts_a_shared_slot_once():
 def test_stats_and_pool_view():
     kv = manager(caching=True)
     parent = seq(range(1, 7))
-    kv.match_prefix(parent)
+    admit(kv, parent)
     step(kv, parent, 6, sampled=50)
     child = seq(range(1, 7))
     kv.fork(parent, child)
@@ -387,7 +456,7 @@ def test_block_ids_are_the_blocks_of_the_first_tokens_and_a_copy():
 
 def test_the_step_interface_is_what_both_layouts_offer_and_nothing_more():
     """The scheduler's view of memory: the step's calls (KVManager) and the figures (KVReport);
-    sharing, prefix matching and swapping are the paged manager's alone."""
+    sharing, prefix hits and swapping are the paged manager's alone."""
     from typing_extensions import get_protocol_members
 
     from minipaged.engine.contiguous_manager import ContiguousKVManager
@@ -410,13 +479,16 @@ def test_the_step_interface_is_what_both_layouts_offer_and_nothing_more():
     for name in step_calls | figures:
         assert hasattr(contiguous, name) and hasattr(manager(), name), name
     for name in (
-        "match_prefix",
+        "prefix_hit",
+        "can_admit",
+        "hold",
+        "attach",
+        "release",
         "fork",
         "can_swap_out",
         "swap_out",
         "can_swap_in",
         "swap_in",
-        "drop_unwritten",
         "pool_view",
     ):
         assert not hasattr(contiguous, name) and hasattr(manager(), name), name

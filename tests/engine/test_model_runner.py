@@ -13,11 +13,14 @@ import torch
 from minipaged import LLM, SamplingParams
 from minipaged.attention.reference import gather_kv, varlen_attention
 from minipaged.engine.batch import ScheduledBatch
+from minipaged.engine.beam_search import BeamGroup
 from minipaged.engine.kv_manager import PagedKVManager
 from minipaged.engine.model_runner import ModelRunner
+from minipaged.engine.request_group import SampleGroup
 from minipaged.engine.sampler import sample, top_logprobs
 from minipaged.engine.sampling_params import BeamSearchParams
 from minipaged.engine.sequence import Sequence
+from minipaged.engine.step_transaction import StepTransaction
 
 BS = 4
 NUM_BLOCKS = 16
@@ -40,7 +43,9 @@ def runner(llm):
 
 
 def seq(tokens, params=GREEDY) -> Sequence:
-    return Sequence(0, list(tokens), params, BS)
+    if isinstance(params, BeamSearchParams):
+        return BeamGroup(0, None, list(tokens), params, BS, eos_token_ids=()).seqs[0]
+    return SampleGroup(0, None, list(tokens), params, BS).seqs[0]
 
 
 def prompt(llm, text: str) -> list[int]:
@@ -49,11 +54,12 @@ def prompt(llm, text: str) -> list[int]:
 
 def compute(runner, kv, rows, copies=()):
     """One step: room for each ``(seq, n)`` of ``rows``, one batch, run; the tokens count as computed."""
-    batch = ScheduledBatch(block_size=BS)
+    tx = StepTransaction(BS)
+    batch = tx.batch
     batch.blocks_to_copy += list(copies)
     for s, n in rows:
-        batch.blocks_to_copy += kv.allocate(s, n)
-        batch.add(s, n, kv.block_ids(s, s.num_computed_tokens + n))
+        kv.allocate(s, n, tx)
+        tx.add(s, n, kv.block_ids(s, s.num_computed_tokens + n))
     out = runner.run(batch)
     for s, n in rows:
         s.num_computed_tokens += n
@@ -97,9 +103,10 @@ def test_prepare_packs_a_chunk_from_mid_prompt_and_a_decode_row(runner):
     decoding = seq([30, 31, 32, 33, 34])
     decoding.token_ids.append(35)  # its first sampled token, at position 5
     decoding.num_computed_tokens = 5
-    batch = ScheduledBatch(block_size=BS)
-    batch.add(chunked, 4, [3, 7])
-    batch.add(decoding, 1, [5, 6])
+    tx = StepTransaction(BS)
+    batch = tx.batch
+    tx.add(chunked, 4, [3, 7])
+    tx.add(decoding, 1, [5, 6])
     input_ids, positions, logits_indices = runner.prepare(batch)
     assert input_ids.tolist() == [14, 15, 16, 17, 35]
     assert positions.tolist() == [4, 5, 6, 7, 5]
@@ -115,9 +122,10 @@ def test_prepare_packs_a_chunk_from_mid_prompt_and_a_decode_row(runner):
 
 def test_prepare_pads_ragged_block_tables(runner):
     a, b = seq(range(1, 10)), seq([1, 2])
-    batch = ScheduledBatch(block_size=BS)
-    batch.add(a, 9, [4, 2, 9])
-    batch.add(b, 2, [11])
+    tx = StepTransaction(BS)
+    batch = tx.batch
+    tx.add(a, 9, [4, 2, 9])
+    tx.add(b, 2, [11])
     input_ids, positions, logits_indices = runner.prepare(batch)
     assert input_ids.tolist() == [*range(1, 10), 1, 2]
     assert positions.tolist() == [*range(9), 0, 1]
@@ -132,10 +140,11 @@ def test_a_prompt_in_chunks_and_a_decode_row_give_the_no_cache_logits(llm, runne
     b = seq(prompt(llm, "xy<copy>ab<end>"))
     compute(runner, kv, [(a, 5), (b, len(b))])  # a's first chunk; b's whole prompt samples
     b.token_ids.append(ord("a"))
-    batch = ScheduledBatch(block_size=BS)
+    tx = StepTransaction(BS)
+    batch = tx.batch
     for s, n in ((a, len(a) - 5), (b, 1)):
-        kv.allocate(s, n)
-        batch.add(s, n, kv.block_ids(s, s.num_computed_tokens + n))
+        kv.allocate(s, n, tx)
+        tx.add(s, n, kv.block_ids(s, s.num_computed_tokens + n))
     assert batch.decode == [False, True] and batch.starts == [5, len(b) - 1]
     logits = runner.forward(batch)
     for row, s in enumerate((a, b)):
@@ -221,11 +230,12 @@ def logits_with_argmax(*best, vocab=20):
 def test_forked_samples_draw_from_their_parents_row(runner):
     logits = logits_with_argmax(5, 9)
     params = SamplingParams(n=3, max_tokens=4, seed=7, top_k=2)  # row 0 gives 5 or 6, row 1 9 or 10
-    family = Sequence.for_request(0, [1, 2, 3], params, BS, fork_later=True)
+    family = SampleGroup(0, None, [1, 2, 3], params, BS).seqs
     other = seq([4, 5])
-    batch = ScheduledBatch(block_size=BS)
-    batch.add(other, 2, [0])
-    batch.add(family[0], 3, [1])
+    tx = StepTransaction(BS)
+    batch = tx.batch
+    tx.add(other, 2, [0])
+    tx.add(family[0], 3, [1])
     assert [row for row, _ in batch.samples] == [0, 1, 1, 1]
     # what each sample's own stream draws from row 1 alone, on copies of the generators
     copies = [torch.Generator().manual_seed(0) for _ in family]
@@ -240,10 +250,11 @@ def test_forked_samples_draw_from_their_parents_row(runner):
 def test_only_sampling_rows_are_read(runner):
     logits = logits_with_argmax(5, 9, 13)
     chunk, done = seq(range(1, 10)), seq([1, 2])
-    batch = ScheduledBatch(block_size=BS)
-    batch.add(chunk, 4, [0])  # a chunk that does not reach its last token: no sample
-    batch.add(done, 2, [2])
-    batch.add(seq([3]), 1, [3])
+    tx = StepTransaction(BS)
+    batch = tx.batch
+    tx.add(chunk, 4, [0])  # a chunk that does not reach its last token: no sample
+    tx.add(done, 2, [2])
+    tx.add(seq([3]), 1, [3])
     assert runner.sample(logits, batch).token_ids == [9, 13]
 
 
@@ -251,10 +262,11 @@ def test_a_beams_row_gives_candidates(runner):
     logits = torch.randn(3, 30, generator=torch.Generator().manual_seed(3))
     logits[0, 4] = 10.0
     beam = seq([1, 2, 3], params=BeamSearchParams(beam_width=2, max_tokens=4))
-    batch = ScheduledBatch(block_size=BS)
-    batch.add(seq([7]), 1, [0])
-    batch.add(beam, 3, [1])
-    batch.add(seq([8, 9]), 2, [2])
+    tx = StepTransaction(BS)
+    batch = tx.batch
+    tx.add(seq([7]), 1, [0])
+    tx.add(beam, 3, [1])
+    tx.add(seq([8, 9]), 2, [2])
     out = runner.sample(logits, batch)
     assert out.token_ids == [4, -1, logits[2].argmax().item()]  # -1 holds the beam's place
     assert list(out.candidates) == [1]
@@ -270,9 +282,10 @@ def test_a_batch_of_beams_alone_gives_only_candidates(runner):
     logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(4))
     narrow = seq([1], params=BeamSearchParams(beam_width=1, max_tokens=4))
     wide = seq([2], params=BeamSearchParams(beam_width=3, max_tokens=4))
-    batch = ScheduledBatch(block_size=BS)
-    batch.add(narrow, 1, [0])
-    batch.add(wide, 1, [1])
+    tx = StepTransaction(BS)
+    batch = tx.batch
+    tx.add(narrow, 1, [0])
+    tx.add(wide, 1, [1])
     out = runner.sample(logits, batch)
     assert out.token_ids == [-1, -1]
     assert [len(out.candidates[i]) for i in (0, 1)] == [2, 6]  # each its own 2 x beam_width

@@ -5,6 +5,7 @@ from __future__ import annotations
 from minipaged import SamplingParams
 from minipaged.engine.batch import SamplerOutput
 from minipaged.engine.kv_manager import PagedKVManager
+from minipaged.engine.request_group import SampleGroup
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence, Status
 from minipaged.engine.stop import StopChecker
@@ -13,7 +14,8 @@ BS = 4
 
 
 def seq(n: int, max_tokens: int = 8, **kw) -> Sequence:
-    return Sequence(0, list(range(1, n + 1)), SamplingParams(temperature=0, max_tokens=max_tokens, **kw), BS)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
+    return SampleGroup(0, None, list(range(1, n + 1)), params, BS).seqs[0]
 
 
 def scheduler(num_blocks: int = 16, max_num_seqs: int = 8, budget: int = 64, eos=(99,)) -> Scheduler:
@@ -21,7 +23,7 @@ def scheduler(num_blocks: int = 16, max_num_seqs: int = 8, budget: int = 64, eos
 
 
 def family(request_id: int, n: int, params: SamplingParams) -> list[Sequence]:
-    return Sequence.for_request(request_id, list(range(1, n + 1)), params, BS, fork_later=True)
+    return SampleGroup(request_id, None, list(range(1, n + 1)), params, BS).seqs
 
 
 def run(s: Scheduler, token: int = 7) -> list[Sequence]:
@@ -38,7 +40,7 @@ def test_budget_chunks_prefill_and_admits_in_order():
     s = scheduler(budget=10)
     a, b, c = seq(6), seq(7), seq(3)
     for q in (a, b, c):
-        s.add([q])
+        s.add(q.group)
     batch = s.schedule()
     assert [(q is a, n) for q, n in zip(batch.seqs, batch.q_lens)] == [(True, 6), (False, 4)]  # b chunked
     assert list(s.waiting) == [c]
@@ -47,15 +49,15 @@ def test_budget_chunks_prefill_and_admits_in_order():
 def test_max_num_seqs_counts_pending_forks():
     s = scheduler(max_num_seqs=4)
     a, b = family(0, 3, SamplingParams(n=3, max_tokens=4)), family(1, 3, SamplingParams(n=3, max_tokens=4))
-    s.add(a)
-    s.add(b)
+    s.add(a[0].group)
+    s.add(b[0].group)
     assert s.schedule().seqs == [a[0]]  # a will be 3 sequences: b's 3 more would make 6
 
 
 def test_fork_after_prefill_shares_blocks():
     s = scheduler()
     a = family(0, 6, SamplingParams(n=3, max_tokens=4, seed=0))
-    s.add(a)
+    s.add(a[0].group)
     batch = s.schedule()
     assert [(row, q) for row, q in batch.samples] == [(0, a[0]), (0, a[1]), (0, a[2])] and s.running == [a[0]]
     s.postprocess(batch, SamplerOutput([7, 8, 9]))
@@ -68,8 +70,8 @@ def test_fork_after_prefill_shares_blocks():
 def test_the_newest_is_preempted_when_the_pool_runs_dry():
     s = scheduler(num_blocks=4, budget=64)
     old, new = seq(8, max_tokens=20), seq(7, max_tokens=20)  # 2 blocks each: the pool is full
-    s.add([old])
-    s.add([new])
+    s.add(old.group)
+    s.add(new.group)
     run(s)  # both prefilled, one token sampled each: old has 9 tokens and needs a third block
     batch = s.schedule()
     assert batch.preempted == [new] and batch.seqs == [old]
@@ -86,7 +88,7 @@ def test_stop_rules():
     s = scheduler(eos=(99, 98))
     a, b, c = seq(3, max_tokens=1), seq(3), seq(3, ignore_eos=True)
     for q in (a, b, c):
-        s.add([q])
+        s.add(q.group)
     assert finished(run_tokens(s, [5, 98, 98])) == [a, b] and (a.finish_reason, b.finish_reason) == ("length", "stop")
     assert c.status is Status.RUNNING and s.running == [c]
     assert s.kv.pool.num_free_blocks == 15  # a's and b's blocks came back
@@ -95,7 +97,7 @@ def test_stop_rules():
 def test_max_model_len_stops_a_sequence():
     s = scheduler()
     a = seq(30, max_tokens=50)
-    s.add([a])
+    s.add(a.group)
     run(s)
     run(s)
     assert a.finish_reason == "length" and len(a) == 32
@@ -104,8 +106,8 @@ def test_max_model_len_stops_a_sequence():
 def test_abort_from_either_queue():
     s = scheduler(max_num_seqs=1)
     a, b = seq(5), seq(5)
-    s.add([a])
-    s.add([b])
+    s.add(a.group)
+    s.add(b.group)
     s.schedule()
     s.abort([a, b])
     assert not s.has_unfinished() and a.finish_reason == b.finish_reason == "abort"

@@ -1,0 +1,119 @@
+"""A step's transaction: everything one engine step changes, in one object, until it commits or
+rolls back.
+
+Between ``schedule`` and ``postprocess`` a step has changed things that only make sense if the
+forward succeeds. They are all recorded here:
+
+- ``batch``: the rows it scheduled (the sequences that took seats and blocks), the copies it owes
+  (``blocks_to_copy``) and the blocks it moves to or from host memory;
+- ``staged``: the blocks it fills, waiting to be published to the prefix cache. A block reaches
+  the cache only at :meth:`commit`, once the forward has written its K/V. A request admitted
+  later in the same step may still share a staged block (:meth:`staged_run`): every attention
+  layer stores the whole batch's K/V before any of its queries read
+  (:class:`~minipaged.attention.cache_attention.PagedAttention`), so the sharer reads them in place;
+- ``rng_states``: the random state of every seeded sample that draws in it;
+- ``held``: prefix hits taken for waiting sequences a scheduling policy may still admit
+  (:meth:`~minipaged.engine.scheduler.Scheduler.match_waiting`);
+- ``failed_request_ids``: after a rollback, the requests the step ran.
+
+:meth:`commit` publishes what was staged; :meth:`rollback` gives every draw back and forgets the
+rest (the scheduler puts the sequences back to wait, and frees their blocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from minipaged.engine.batch import ScheduledBatch
+from minipaged.engine.sequence import Sequence
+from minipaged.kv.block_pool import KVCacheBlock
+from minipaged.kv.prefix_cache import PrefixCache
+
+
+@dataclass
+class StagedBlock:
+    """A block this step fills: its hash, its tokens and the block before it in its sequence."""
+
+    block: KVCacheBlock
+    block_hash: int
+    token_ids: tuple[int, ...]
+    parent: KVCacheBlock | None
+
+
+@dataclass
+class PrefixHit:
+    """A waiting sequence's cached prefix, found without changing anything: ``block_hashes`` of its
+    full blocks, and ``blocks``, the cached (or staged) blocks of its longest cached prefix."""
+
+    block_hashes: list[int] = field(default_factory=list)
+    blocks: list[KVCacheBlock] = field(default_factory=list)
+
+
+class StepTransaction:
+    """What one step changed (the module docstring); ``prefix_cache``: where staged blocks go."""
+
+    def __init__(self, block_size: int, prefix_cache: PrefixCache | None = None) -> None:
+        self.batch = ScheduledBatch(block_size=block_size)
+        self.prefix_cache = prefix_cache
+        self.staged: dict[int, StagedBlock] = {}  # block_hash -> the block, in the order they fill
+        self._staged_ids: set[int] = set()
+        self.rng_states: list[tuple[torch.Generator, torch.Tensor]] = []
+        self.held: dict[int, tuple[Sequence, PrefixHit]] = {}  # seq_id -> (waiting sequence, its hit)
+        self.failed_request_ids: list[int] = []
+
+    def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int]) -> None:
+        """A row for ``seq``'s ``num_tokens`` new tokens; its group's samplers draw from it if it
+        reaches the last token (their random state is kept, to give the draw back on rollback)."""
+        samplers = seq.group.samplers(seq) if seq.num_computed_tokens + num_tokens == len(seq) else []
+        self.batch.add(seq, num_tokens, block_table, samplers)
+        self.rng_states += [(s.generator, s.generator.get_state()) for s in samplers if s.generator is not None]
+
+    # -- the prefix cache's side -----------------------------------------------------------
+    def stage(self, block: KVCacheBlock, block_hash: int, token_ids: Seq[int], parent: KVCacheBlock | None) -> None:
+        """Offer a block this step fills, to be published at :meth:`commit`. As
+        :meth:`PrefixCache.insert` would: a hash already cached (or staged) keeps the block
+        private, and so does a parent that is neither cached nor staged."""
+        cache = self.prefix_cache
+        if cache is None or block.block_hash is not None or block_hash in cache.blocks or block_hash in self.staged:
+            return
+        if parent is not None and parent.block_id not in cache.entries and parent.block_id not in self._staged_ids:
+            return
+        self.staged[block_hash] = StagedBlock(block, block_hash, tuple(token_ids), parent)
+        self._staged_ids.add(block.block_id)
+
+    def staged_run(
+        self, hashes: Seq[int], token_ids: Seq[int], block_size: int, first: int, parent: KVCacheBlock | None
+    ) -> list[KVCacheBlock]:
+        """The staged blocks that continue a cached prefix of ``first`` blocks ending in ``parent``:
+        ``hashes[i]`` names block ``first + i``; a hit holds the same tokens and follows the block
+        hit just before it, as in :meth:`PrefixCache.find`."""
+        hits: list[KVCacheBlock] = []
+        for i, h in enumerate(hashes, start=first):
+            staged = self.staged.get(h)
+            if staged is None or staged.parent is not parent:
+                break
+            if staged.token_ids != tuple(token_ids[i * block_size : (i + 1) * block_size]):
+                break
+            hits.append(staged.block)
+            parent = staged.block
+        return hits
+
+    # -- the outcome -----------------------------------------------------------------------
+    def commit(self) -> None:
+        """The forward wrote the step's K/V: publish the staged blocks, in the order they filled."""
+        if self.prefix_cache is not None:
+            for s in self.staged.values():
+                self.prefix_cache.insert(s.block, s.block_hash, s.token_ids, s.parent)
+        self.staged.clear()
+        self._staged_ids.clear()
+
+    def rollback(self) -> None:
+        """The step failed: every seeded sample gets its draw back; nothing staged is published."""
+        for generator, state in self.rng_states:
+            generator.set_state(state)
+        self.staged.clear()
+        self._staged_ids.clear()
+        self.failed_request_ids = sorted({s.request_id for s in self.batch.seqs})
