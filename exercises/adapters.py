@@ -172,7 +172,8 @@ def learner_policy(learner: ModuleType, calls: Counter) -> Callable[[Scheduler],
 
     A waiting prompt's prefix hit counts as computed tokens, but taking a hit takes its blocks
     (a cached free block leaves the free list): as the package's policy does, each waiting
-    sequence is matched (``Scheduler.match_waiting``) only once those before it are admitted.
+    sequence is matched (``Scheduler.match_waiting``, which holds the hit in the step's
+    transaction) only once those before it are admitted.
     So your ``schedule`` is asked first with the running sequences and no waiting ones, then with
     the first waiting one, matched, then the first two, ...; the step is its answer for the
     longest front of the queue it admits whole. ``Scheduler.carry_out`` then gives back the hit
@@ -187,9 +188,14 @@ def learner_policy(learner: ModuleType, calls: Counter) -> Callable[[Scheduler],
         assert isinstance(kv, PagedKVManager)  # build() makes a paged engine
         waiting, running = list(scheduler.waiting), list(scheduler.running)
         names: dict[str, Sequence] = {f"R{s.seq_id}": s for s in [*running, *waiting]}
+        hits: dict[int, int] = {}  # seq_id -> tokens hit, for the waiting ones matched so far
+
+        def computed(s: Sequence) -> int:
+            return hits.get(s.seq_id, s.num_computed_tokens)
 
         def record(s: Sequence) -> object:
-            return learner.Seq(f"R{s.seq_id}", len(s), s.num_computed_tokens, len(s.block_table.block_ids))
+            blocks = hits[s.seq_id] // kv.block_size if s.seq_id in hits else len(s.block_table.block_ids)
+            return learner.Seq(f"R{s.seq_id}", len(s), computed(s), blocks)
 
         def decide(front: list[Sequence]) -> tuple[Any, int]:  # (your Step, how many it admits)
             step = learner.schedule(
@@ -202,14 +208,14 @@ def learner_policy(learner: ModuleType, calls: Counter) -> Callable[[Scheduler],
         for k in range(1, len(waiting) + 1):
             if step.preempted:  # memory is tight: nobody is admitted
                 break
-            scheduler.match_waiting(waiting[k - 1])
+            hits[waiting[k - 1].seq_id] = scheduler.match_waiting(waiting[k - 1])
             longer, admitted = decide(waiting[:k])
             if admitted < k:
                 break
             step = longer
         if step.preempted:
             calls[5, "preempted"] += 1
-        if any(names[name].num_computed_tokens + n < len(names[name]) for name, n in step.scheduled):
+        if any(computed(names[name]) + n < len(names[name]) for name, n in step.scheduled):
             calls[5, "chunked"] += 1
         return scheduler.carry_out([(names[name], n) for name, n in step.scheduled], [names[p] for p in step.preempted])
 

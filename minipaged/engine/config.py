@@ -57,23 +57,31 @@ class EngineConfig:
             ("kv_layout", KV_LAYOUTS),
             ("preemption_mode", PREEMPTION_MODES),
             ("contiguous_reserve", RESERVE_POLICIES),
+            ("attention_backend", BACKENDS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.attention_backend not in BACKENDS:
-            raise ValueError(f"attention_backend must be one of {BACKENDS}, got {self.attention_backend!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
-        if self.kv_layout == "contiguous" and self.enable_prefix_caching:
-            raise ValueError("prefix caching needs kv_layout='paged' (a contiguous cache cannot share blocks)")
-        if self.kv_layout == "contiguous" and self.preemption_mode == "swap":
-            raise ValueError("swapping needs kv_layout='paged' (a contiguous reservation is never preempted)")
-        if self.swap_space is not None and self.preemption_mode != "swap":
-            raise ValueError("swap_space is used only with preemption_mode='swap'")
-        if self.kv_layout == "paged" and self.contiguous_reserve != "max":
-            raise ValueError("contiguous_reserve chooses Orca's reservation for kv_layout='contiguous' only")
-        if self.num_kvcache_blocks is not None and self.kv_cache_memory is not None:
-            raise ValueError("give num_kvcache_blocks or kv_cache_memory, not both")
+        for conflict, why in self._conflicts():
+            if conflict:
+                raise ValueError(why)
+
+    def _conflicts(self) -> list[tuple[bool, str]]:
+        """Settings that are each fine but cannot go together, and why."""
+        contiguous = self.kv_layout == "contiguous"
+        return [
+            (contiguous and self.enable_prefix_caching,
+             "prefix caching needs kv_layout='paged' (a contiguous cache cannot share blocks)"),
+            (contiguous and self.preemption_mode == "swap",
+             "swapping needs kv_layout='paged' (a contiguous reservation is never preempted)"),
+            (self.swap_space is not None and self.preemption_mode != "swap",
+             "swap_space is used only with preemption_mode='swap'"),
+            (not contiguous and self.contiguous_reserve != "max",
+             "contiguous_reserve chooses Orca's reservation for kv_layout='contiguous' only"),
+            (self.num_kvcache_blocks is not None and self.kv_cache_memory is not None,
+             "give num_kvcache_blocks or kv_cache_memory, not both"),
+        ]  # fmt: skip
 
     def model_len(self, model: ModelConfig) -> int:
         """``max_model_len``, defaulting to (and never above) the model's ``max_position_embeddings``."""
