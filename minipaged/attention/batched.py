@@ -69,10 +69,12 @@ class RowGroup:
 @dataclass
 class BatchPlan:
     """The row groups of one step: decode groups and prefill groups (one of each, or two when the
-    lengths in a group differ much)."""
+    lengths in a group differ much). ``one_token``: every sequence brings exactly one new token,
+    a step a decode-only kernel could run on its own."""
 
     decode: list[RowGroup]
     prefill: list[RowGroup]
+    one_token: bool
 
     @property
     def groups(self) -> list[RowGroup]:
@@ -147,7 +149,7 @@ def plan_batch(
         parts = split_by_length(seqs, q_lens, context_lens, block_size, min_size)
         return [_group(p, q_lens, context_lens, starts, block_tables, block_size) for p in parts if p]
 
-    return BatchPlan(groups(decode, 4), groups(prefill, 2))
+    return BatchPlan(groups(decode, 4), groups(prefill, 2), one_token=len(decode) == len(q_lens))
 
 
 def split_by_length(
