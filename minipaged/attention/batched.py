@@ -313,7 +313,7 @@ def paged_decode_attention(
     plan: BatchPlan | None = None,
 ) -> torch.Tensor:
     """One new query token per sequence: q: [num_seqs, num_heads, head_dim] -> same shape."""
-    if plan is not None:  # the engine's case: no packing to describe, the plan has it
+    if plan is not None:  # planned already (plan_batch): no packing to describe, the plan has it
         return _attend_planned(q, k_cache, v_cache, plan, scale)
     cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
