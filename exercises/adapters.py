@@ -27,7 +27,7 @@ from minipaged.engine.kv_manager import PagedKVManager
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence
 from minipaged.kv.block_pool import KVBlockPool, KVCacheBlock
-from minipaged.kv.prefix_cache import PrefixCache
+from minipaged.kv.prefix_cache import PrefixIndex
 
 
 class Stage1Pool(Protocol):
@@ -243,7 +243,7 @@ def learner_prefix_lookup(learner: ModuleType, calls: Counter) -> Callable[..., 
     takes those blocks. Your count must be whole cached blocks, never the last token's."""
 
     def prefix_lookup(
-        cache: PrefixCache, block_hashes: SequenceOf[int], token_ids: SequenceOf[int], block_size: int
+        cache: PrefixIndex, block_hashes: SequenceOf[int], token_ids: SequenceOf[int], block_size: int
     ) -> list[KVCacheBlock]:
         calls[6] += 1
         calls[6, "reusable_prefix_tokens"] += 1

@@ -129,7 +129,7 @@ class PagedKVManager:
 
     # -- admission -------------------------------------------------------------------------
     def prefix_hit(self, seq: Sequence, tx: StepTransaction) -> PrefixHit:
-        """Waiting ``seq``'s longest cached prefix: blocks in the prefix cache, then blocks this
+        """Waiting ``seq``'s longest cached prefix, in the prefix cache and among the blocks this
         step fills (staged in ``tx``). Nothing changes: :meth:`hold` and :meth:`attach` take it.
 
         At least the last token is always left to compute, since its logits give the next token:
@@ -140,10 +140,7 @@ class PagedKVManager:
             return PrefixHit()
         hashes = self.hash_blocks(seq.token_ids, self.block_size, seq.block_hashes, None)
         usable = hashes[: (len(seq) - 1) // self.block_size]
-        hits = self.prefix_lookup(self.prefix_cache, usable, seq.token_ids, self.block_size)
-        last = hits[-1] if hits else None
-        hits += tx.staged_run(usable[len(hits) :], seq.token_ids, self.block_size, len(hits), last)
-        return PrefixHit(hashes, hits)
+        return PrefixHit(hashes, self.prefix_lookup(tx.prefix_index(), usable, seq.token_ids, self.block_size))
 
     def can_admit(self, unit: list[Sequence], hits: list[PrefixHit], plan: list[int]) -> bool:
         """Whether waiting ``unit`` fits once each member takes its hit: the blocks its tokens

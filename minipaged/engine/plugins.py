@@ -12,10 +12,11 @@ plugged one replaces. The names are vLLM v1's.
 - ``block_hashes`` (:func:`~minipaged.kv.prefix_cache.chain_hashes`): when a prompt arrives and
   when a step fills blocks, ``(token_ids, block_size, known, extra_key)`` -> the ``block_hash``
   of every full block (``known``, a prefix of them, may be reused);
-- ``prefix_lookup`` (:meth:`~minipaged.kv.prefix_cache.PrefixCache.find`): when a prompt arrives,
-  ``(prefix_cache, block_hashes, token_ids, block_size)`` -> the cached blocks of its longest
+- ``prefix_lookup`` (:meth:`~minipaged.kv.prefix_cache.PrefixIndex.find`): when a prompt arrives,
+  ``(prefix_index, block_hashes, token_ids, block_size)`` -> the cached blocks of its longest
   cached prefix, no reference taken (the engine takes them; ``block_hashes`` stop before the
-  block holding the last token);
+  block holding the last token). ``prefix_index`` is the prefix cache together with the blocks
+  the step is filling (:class:`~minipaged.kv.prefix_cache.PrefixIndex`);
 - ``copy_on_write`` (:func:`~minipaged.kv.prefix_cache.copy_on_write`): before a step writes
   into a block its table already holds, ``(pool, block_ids, idx)`` -> the ``(src, dst)`` copy
   owed (``block_ids[idx]`` replaced), or None to write in place;
@@ -43,12 +44,12 @@ from minipaged.attention.backends import AttentionBackend
 from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.scheduler import Scheduler
 from minipaged.kv.block_pool import BlockPool, KVBlockPool, KVCacheBlock, fork_blocks
-from minipaged.kv.prefix_cache import PrefixCache, chain_hashes, copy_on_write
+from minipaged.kv.prefix_cache import PrefixIndex, chain_hashes, copy_on_write
 from minipaged.kv.slot_mapping import SlotMappingFn, build_slot_mapping
 
 BlockPoolFactory = Callable[[int], KVBlockPool]
 BlockHashFn = Callable[[Seq[int], int, "list[int] | None", object], list[int]]
-PrefixLookupFn = Callable[[PrefixCache, Seq[int], Seq[int], int], list[KVCacheBlock]]
+PrefixLookupFn = Callable[[PrefixIndex, Seq[int], Seq[int], int], list[KVCacheBlock]]
 CopyOnWriteFn = Callable[[KVBlockPool, list[int], int], "tuple[int, int] | None"]
 ForkFn = Callable[[KVBlockPool, list[int]], list[int]]
 SchedulerPolicy = Callable[[Scheduler], ScheduledBatch]
@@ -61,7 +62,7 @@ class EnginePlugins:
     block_pool: BlockPoolFactory = BlockPool
     slot_mapping: SlotMappingFn = build_slot_mapping
     block_hashes: BlockHashFn = chain_hashes
-    prefix_lookup: PrefixLookupFn = PrefixCache.find
+    prefix_lookup: PrefixLookupFn = PrefixIndex.find
     copy_on_write: CopyOnWriteFn = copy_on_write
     fork: ForkFn = fork_blocks
     scheduler_policy: SchedulerPolicy = Scheduler.schedule_fcfs

@@ -8,9 +8,11 @@ forward succeeds. They are all recorded here:
   (``blocks_to_copy``) and the blocks it moves to or from host memory;
 - ``staged``: the blocks it fills, waiting to be published to the prefix cache. A block reaches
   the cache only at :meth:`commit`, once the forward has written its K/V. A request admitted
-  later in the same step may still share a staged block (:meth:`staged_run`): every attention
-  layer stores the whole batch's K/V before any of its queries read
-  (:class:`~minipaged.attention.cache_attention.PagedAttention`), so the sharer reads them in place;
+  later in the same step may still share a staged block: its prefix lookup reads the cache and
+  the staged blocks together (:meth:`prefix_index`, the same token and parent checks). That is
+  safe because every attention layer stores the whole batch's K/V before any of its queries
+  read (:class:`~minipaged.attention.cache_attention.PagedAttention`), so the sharer reads them
+  in place;
 - ``rng_states``: the random state of every seeded sample that draws in it;
 - ``held``: prefix hits taken for waiting sequences a scheduling policy may still admit
   (:meth:`~minipaged.engine.scheduler.Scheduler.match_waiting`);
@@ -22,6 +24,7 @@ rest (the scheduler puts the sequences back to wait, and frees their blocks).
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -30,7 +33,7 @@ import torch
 from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.sequence import Sequence
 from minipaged.kv.block_pool import KVCacheBlock
-from minipaged.kv.prefix_cache import PrefixCache
+from minipaged.kv.prefix_cache import CachedEntry, PrefixCache, PrefixIndex
 
 
 @dataclass
@@ -58,8 +61,9 @@ class StepTransaction:
     def __init__(self, block_size: int, prefix_cache: PrefixCache | None = None) -> None:
         self.batch = ScheduledBatch(block_size=block_size)
         self.prefix_cache = prefix_cache
-        self.staged: dict[int, StagedBlock] = {}  # block_hash -> the block, in the order they fill
-        self._staged_ids: set[int] = set()
+        self.staged: list[StagedBlock] = []  # in the order they fill
+        self._staged_blocks: dict[int, KVCacheBlock] = {}  # block_hash -> block, as PrefixCache.blocks
+        self._staged_entries: dict[int, CachedEntry] = {}  # block_id -> what it will hold, as PrefixCache.entries
         self.rng_states: list[tuple[torch.Generator, torch.Tensor]] = []
         self.held: dict[int, tuple[Sequence, PrefixHit]] = {}  # seq_id -> (waiting sequence, its hit)
         self.failed_request_ids: list[int] = []
@@ -87,43 +91,41 @@ class StepTransaction:
         :meth:`PrefixCache.insert` would: a hash already cached (or staged) keeps the block
         private, and so does a parent that is neither cached nor staged."""
         cache = self.prefix_cache
-        if cache is None or block.block_hash is not None or block_hash in cache.blocks or block_hash in self.staged:
+        if cache is None or block.block_hash is not None:
             return
-        if parent is not None and parent.block_id not in cache.entries and parent.block_id not in self._staged_ids:
+        if block_hash in cache.blocks or block_hash in self._staged_blocks:
             return
-        self.staged[block_hash] = StagedBlock(block, block_hash, tuple(token_ids), parent)
-        self._staged_ids.add(block.block_id)
+        parent_entry = None
+        if parent is not None:
+            parent_entry = cache.entries.get(parent.block_id) or self._staged_entries.get(parent.block_id)
+            if parent_entry is None:
+                return
+        self.staged.append(StagedBlock(block, block_hash, tuple(token_ids), parent))
+        self._staged_blocks[block_hash] = block
+        self._staged_entries[block.block_id] = CachedEntry(tuple(token_ids), parent_entry)
 
-    def staged_run(
-        self, hashes: Seq[int], token_ids: Seq[int], block_size: int, first: int, parent: KVCacheBlock | None
-    ) -> list[KVCacheBlock]:
-        """The staged blocks that continue a cached prefix of ``first`` blocks ending in ``parent``:
-        ``hashes[i]`` names block ``first + i``; a hit holds the same tokens and follows the block
-        hit just before it, as in :meth:`PrefixCache.find`."""
-        hits: list[KVCacheBlock] = []
-        for i, h in enumerate(hashes, start=first):
-            staged = self.staged.get(h)
-            if staged is None or staged.parent is not parent:
-                break
-            if staged.token_ids != tuple(token_ids[i * block_size : (i + 1) * block_size]):
-                break
-            hits.append(staged.block)
-            parent = staged.block
-        return hits
+    def prefix_index(self) -> PrefixIndex:
+        """What a prefix lookup reads in this step: the cache, then the blocks the step fills."""
+        assert self.prefix_cache is not None
+        cache = self.prefix_cache
+        return PrefixIndex(ChainMap(cache.blocks, self._staged_blocks), ChainMap(cache.entries, self._staged_entries))
 
     # -- the outcome -----------------------------------------------------------------------
     def commit(self) -> None:
         """The forward wrote the step's K/V: publish the staged blocks, in the order they filled."""
         if self.prefix_cache is not None:
-            for s in self.staged.values():
+            for s in self.staged:
                 self.prefix_cache.insert(s.block, s.block_hash, s.token_ids, s.parent)
-        self.staged.clear()
-        self._staged_ids.clear()
+        self._forget_staged()
 
     def rollback(self) -> None:
         """The step failed: every seeded sample gets its draw back; nothing staged is published."""
         for generator, state in self.rng_states:
             generator.set_state(state)
-        self.staged.clear()
-        self._staged_ids.clear()
+        self._forget_staged()
         self.failed_request_ids = sorted({s.request_id for s in self.batch.seqs})
+
+    def _forget_staged(self) -> None:
+        self.staged.clear()
+        self._staged_blocks.clear()
+        self._staged_entries.clear()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from minipaged.kv.block_pool import KVBlockPool, KVCacheBlock
@@ -60,25 +60,15 @@ class CachedEntry:
     parent: CachedEntry | None
 
 
-class PrefixCache:
-    """The map ``block_hash -> block`` over a :class:`BlockPool`, and an eviction counter."""
+class PrefixIndex:
+    """What a prefix lookup reads: ``blocks`` (``block_hash -> block``) and ``entries``
+    (``block_id -> what the block holds``). A :class:`PrefixCache` is one; during an engine step
+    a lookup reads the cache together with the blocks the step is filling
+    (:meth:`~minipaged.engine.step_transaction.StepTransaction.prefix_index`)."""
 
-    def __init__(self, pool: KVBlockPool) -> None:
-        self.pool = pool
-        pool.on_evict = self.evict
-        self.blocks: dict[int, KVCacheBlock] = {}
-        self.entries: dict[int, CachedEntry] = {}  # block_id -> what the cached block holds
-        self.num_evictions = 0
-
-    def evict(self, block: KVCacheBlock) -> None:
-        """The pool reuses cached free ``block`` for something else: its prefix leaves the cache (``pool.on_evict``)."""
-        self._remove(block)
-        self.num_evictions += 1
-
-    def _remove(self, block: KVCacheBlock) -> None:
-        if block.block_hash is not None and self.blocks.get(block.block_hash) is block:
-            del self.blocks[block.block_hash]
-        self.entries.pop(block.block_id, None)
+    def __init__(self, blocks: Mapping[int, KVCacheBlock], entries: Mapping[int, CachedEntry]) -> None:
+        self.blocks = blocks
+        self.entries = entries
 
     def find(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
         """The cached blocks for the longest run of leading ``hashes`` (no reference taken).
@@ -98,6 +88,31 @@ class PrefixCache:
             parent = entry
         return hits
 
+    def cached_tokens(self) -> dict[int, tuple[int, ...]]:
+        """The cache as ``block_hash -> the token ids that block holds`` (stage 6's ``cached``)."""
+        return {h: self.entries[b.block_id].token_ids for h, b in self.blocks.items() if b.block_id in self.entries}
+
+
+class PrefixCache(PrefixIndex):
+    """The map ``block_hash -> block`` over a :class:`BlockPool`, and an eviction counter."""
+
+    def __init__(self, pool: KVBlockPool) -> None:
+        self.pool = pool
+        pool.on_evict = self.evict
+        self.blocks: dict[int, KVCacheBlock] = {}
+        self.entries: dict[int, CachedEntry] = {}  # block_id -> what the cached block holds
+        self.num_evictions = 0
+
+    def evict(self, block: KVCacheBlock) -> None:
+        """The pool reuses cached free ``block`` for something else: its prefix leaves the cache (``pool.on_evict``)."""
+        self._remove(block)
+        self.num_evictions += 1
+
+    def _remove(self, block: KVCacheBlock) -> None:
+        if block.block_hash is not None and self.blocks.get(block.block_hash) is block:
+            del self.blocks[block.block_hash]
+        self.entries.pop(block.block_id, None)
+
     def lookup(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
         """:meth:`find`, each hit taken (``ref_cnt + 1``, revived if it was free)."""
         hits = self.find(hashes, token_ids, block_size)
@@ -108,10 +123,6 @@ class PrefixCache:
         """One more reference to each hit (a free one leaves the free queue)."""
         for block in hits:
             self.pool.touch(block)
-
-    def cached_tokens(self) -> dict[int, tuple[int, ...]]:
-        """The cache as ``block_hash -> the token ids that block holds`` (stage 6's ``cached``)."""
-        return {h: self.entries[b.block_id].token_ids for h, b in self.blocks.items() if b.block_id in self.entries}
 
     def insert(
         self, block: KVCacheBlock, block_hash: int, token_ids: Sequence[int], parent: KVCacheBlock | None = None
