@@ -276,6 +276,19 @@ def check(
     only: run only the checks of these exercises; timeout_s: stop a check that runs longer (an
     endless loop). Returns one report per stage, in stage order.
     """
+    reports, modules = _import_targets(targets)
+    if modules:
+        plugin = _run_checks(modules, only, timeout_s)
+        for stage, report in reports.items():
+            if STAGES[stage][0] in modules:
+                _fill_report(report, plugin, only)
+    return [reports[s] for s in sorted(reports)]
+
+
+def _import_targets(
+    targets: dict[int, ModuleType | Path | None],
+) -> tuple[dict[int, StageReport], dict[str, ModuleType]]:
+    """A report per stage, and the modules to check by stem; a file that does not import is reported now."""
     reports: dict[int, StageReport] = {}
     modules: dict[str, ModuleType] = {}
     for stage in sorted(targets):
@@ -289,41 +302,46 @@ def check(
             continue
         reports[stage] = StageReport(stage, STAGES[stage][1], _shown(_file_of(module)))
         modules[stem] = module
-    if modules:
-        plugin = _Plugin(modules, only, timeout_s)
-        files = [str(TESTS / f"test_{stem}.py") for stem in modules]
-        args = [
-            "-p",
-            "no:terminal",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:nbval",
-            "-p",
-            "no:hypothesispytest",
-            "-o",
-            "addopts=",
-            "--capture=sys",
-            f"--confcutdir={TESTS}",
-            f"--rootdir={ROOT}",
-            *files,
-        ]
-        status = pytest.main(args, plugins=[plugin])
-        if status in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
-            plugin.errors.append(f"the checks did not run (pytest: {pytest.ExitCode(status).name})")
-        for stage, report in reports.items():
-            stem = STAGES[stage][0]
-            if stem not in modules:
-                continue
-            if plugin.errors:
-                report.error = "\n".join(plugin.errors)
-            wanted = [e for e in plugin.order[stem] if only is None or e in only]
-            unknown = sorted((only or set()) - {e for names in plugin.order.values() for e in names})
-            if unknown:
-                report.error = f"no exercise {', '.join(unknown)} here; its exercises: {', '.join(plugin.order[stem])}"
-            for name in wanted:
-                checks = [c for c in plugin.checks[stem] if c.exercise == name]
-                report.exercises.append(ExerciseReport(name, checks, name in plugin.missing[stem]))
-            if not report.exercises and not report.error:
-                report.error = f"no checks found for stage {stage} in {_shown(TESTS)}"
-    return [reports[s] for s in sorted(reports)]
+    return reports, modules
+
+
+def _run_checks(modules: dict[str, ModuleType], only: set[str] | None, timeout_s: int) -> _Plugin:
+    """One pytest session over the modules' test files, quiet; the plugin holds what it found."""
+    plugin = _Plugin(modules, only, timeout_s)
+    files = [str(TESTS / f"test_{stem}.py") for stem in modules]
+    args = [
+        "-p",
+        "no:terminal",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:nbval",
+        "-p",
+        "no:hypothesispytest",
+        "-o",
+        "addopts=",
+        "--capture=sys",
+        f"--confcutdir={TESTS}",
+        f"--rootdir={ROOT}",
+        *files,
+    ]
+    status = pytest.main(args, plugins=[plugin])
+    if status in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
+        plugin.errors.append(f"the checks did not run (pytest: {pytest.ExitCode(status).name})")
+    return plugin
+
+
+def _fill_report(report: StageReport, plugin: _Plugin, only: set[str] | None) -> None:
+    """A checked stage's report from the session: its exercises' checks, or why there are none."""
+    stem = STAGES[report.stage][0]
+    if plugin.errors:
+        report.error = "\n".join(plugin.errors)
+    wanted = [e for e in plugin.order[stem] if only is None or e in only]
+    unknown = sorted((only or set()) - {e for names in plugin.order.values() for e in names})
+    if unknown:
+        report.error = f"no exercise {', '.join(unknown)} here; its exercises: {', '.join(plugin.order[stem])}"
+    for name in wanted:
+        checks = [c for c in plugin.checks[stem] if c.exercise == name]
+        report.exercises.append(ExerciseReport(name, checks, name in plugin.missing[stem]))
+    if not report.exercises and not report.error:
+        report.error = f"no checks found for stage {report.stage} in {_shown(TESTS)}"

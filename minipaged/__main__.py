@@ -167,51 +167,82 @@ def main(argv: list[str] | None = None) -> None:
         p.exit(2, f"{p.prog} {what}: its libraries are not installed ({e.name} is missing): {fix}\n")
 
 
-def run(args: argparse.Namespace) -> None:
-    """Run the parsed subcommand (``serve`` is dispatched before parsing)."""
-    if args.cmd == "demo":
-        from minipaged.demo import main as demo
+def _demo(args: argparse.Namespace) -> None:
+    from minipaged.demo import main as demo
 
-        demo(args)
-    elif args.cmd == "chat":
-        from minipaged.chat import main as chat
+    demo(args)
 
-        chat(args)
-    elif args.cmd == "eval":
-        evaluate(args)
-    elif args.cmd == "course":
-        from minipaged.course.learner import make_learner_copy
 
-        try:
-            written = make_learner_copy(args.out_dir, lang=args.lang)
-        except (FileExistsError, ValueError) as e:  # a used folder, an incomplete translation: nothing written
-            raise SystemExit(f"minipaged course: {e}") from None
-        print(f"{len(written)} files written to {args.out_dir}: jupyter lab {args.out_dir}/notebooks/")
-    elif args.cmd == "slides" and args.lectures:
+def _chat(args: argparse.Namespace) -> None:
+    from minipaged.chat import main as chat
+
+    chat(args)
+
+
+def _course(args: argparse.Namespace) -> None:
+    from minipaged.course.learner import make_learner_copy
+
+    try:
+        written = make_learner_copy(args.out_dir, lang=args.lang)
+    except (FileExistsError, ValueError) as e:  # a used folder, an incomplete translation: nothing written
+        raise SystemExit(f"minipaged course: {e}") from None
+    print(f"{len(written)} files written to {args.out_dir}: jupyter lab {args.out_dir}/notebooks/")
+
+
+def _slides(args: argparse.Namespace) -> None:
+    if args.lectures:
         from minipaged.course.lectures import build_lectures
 
         decks = build_lectures(args.out_dir)
         index = Path(args.out_dir) / "index.html"
         print(f"{len(decks)} lecture decks written to {args.out_dir}: open {index} in a browser (s: speaker notes)")
-    elif args.cmd == "slides":
-        from minipaged.course.slides import build_slides
+        return
+    from minipaged.course.slides import build_slides
 
-        decks = build_slides(args.out_dir)
-        print(f"{len(decks)} decks written to {args.out_dir}: open {args.out_dir}/index.html in a browser")
-    elif args.cmd == "animate":
-        from minipaged.viz import animate
+    decks = build_slides(args.out_dir)
+    print(f"{len(decks)} decks written to {args.out_dir}: open {args.out_dir}/index.html in a browser")
 
-        animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
-    elif args.cmd == "download":
-        from minipaged.model import hub
 
-        hub.download_command(args.name, args.list)
-    elif args.cmd == "paper":
-        importlib.import_module("minipaged.paper.cli").main(args)
-    else:
-        if args.which in BENCH_NEEDS and not {"-h", "--help"} & set(args.options):
-            importlib.import_module(BENCH_NEEDS[args.which])
-        importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
+def _animate(args: argparse.Namespace) -> None:
+    from minipaged.viz import animate
+
+    animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
+
+
+def _download(args: argparse.Namespace) -> None:
+    from minipaged.model import hub
+
+    hub.download_command(args.name, args.list)
+
+
+def _paper(args: argparse.Namespace) -> None:
+    importlib.import_module("minipaged.paper.cli").main(args)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    if args.which in BENCH_NEEDS and not {"-h", "--help"} & set(args.options):
+        importlib.import_module(BENCH_NEEDS[args.which])
+    importlib.import_module(f"minipaged.bench.{args.which}").main(args.options)
+
+
+# Each subcommand's runner; each imports its libraries when it runs, so that a missing extra
+# fails only the command that needs it (main names the extra).
+COMMANDS = {
+    "demo": _demo,
+    "chat": _chat,
+    "eval": evaluate,
+    "course": _course,
+    "slides": _slides,
+    "animate": _animate,
+    "download": _download,
+    "paper": _paper,
+    "bench": _bench,
+}
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the parsed subcommand (``serve`` is dispatched before parsing)."""
+    COMMANDS[args.cmd](args)
 
 
 if __name__ == "__main__":

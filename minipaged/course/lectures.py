@@ -67,29 +67,31 @@ def parse(text: str, name: str) -> Deck:
     match = re.search(r"^title:\s*(.+)$", head, re.M)
     if match is None:
         raise ValueError(f"{name}: the source starts with a 'title:' line")
-    slides = []
-    for chunk in chunks:
-        lines = chunk.strip().splitlines()
-        if not lines or not lines[0].startswith("## "):
-            raise ValueError(f"{name}: a slide starts with '## heading', not {lines[:1]}")
-        slide, in_notes = Slide(lines[0][3:].strip()), False
-        for line in lines[1:]:
-            if line.strip() == "Note:":
-                in_notes = True
-            elif in_notes:
-                slide.notes.append(line)
-            elif line.startswith("ask:"):
-                slide.asks.append(line[4:].strip())
-            elif m := FIGURE.match(line.strip()):
-                if slide.figure is not None:
-                    raise ValueError(f"{name}: slide {slide.title!r} has two figures")
-                slide.figure = (m.group(2), m.group(1))
-            else:
-                slide.body.append(line)
-        if not "".join(slide.notes).strip():
-            raise ValueError(f"{name}: slide {slide.title!r} has no speaker notes")
-        slides.append(slide)
-    return Deck(name, match.group(1).strip(), slides)
+    return Deck(name, match.group(1).strip(), [parse_slide(chunk, name) for chunk in chunks])
+
+
+def parse_slide(chunk: str, name: str) -> Slide:
+    """One slide from the text between two ``---`` lines of deck ``name``."""
+    lines = chunk.strip().splitlines()
+    if not lines or not lines[0].startswith("## "):
+        raise ValueError(f"{name}: a slide starts with '## heading', not {lines[:1]}")
+    slide, in_notes = Slide(lines[0][3:].strip()), False
+    for line in lines[1:]:
+        if line.strip() == "Note:":
+            in_notes = True
+        elif in_notes:
+            slide.notes.append(line)
+        elif line.startswith("ask:"):
+            slide.asks.append(line[4:].strip())
+        elif m := FIGURE.match(line.strip()):
+            if slide.figure is not None:
+                raise ValueError(f"{name}: slide {slide.title!r} has two figures")
+            slide.figure = (m.group(2), m.group(1))
+        else:
+            slide.body.append(line)
+    if not "".join(slide.notes).strip():
+        raise ValueError(f"{name}: slide {slide.title!r} has no speaker notes")
+    return slide
 
 
 def load_decks() -> list[Deck]:

@@ -34,6 +34,7 @@ from minipaged.serve.completions import EngineStream, router
 from minipaged.serve.engine_loop import EngineLoop
 from minipaged.serve.inputs import EngineInputs
 from minipaged.serve.limits import Admission, BodySizeLimit, Limits
+from minipaged.serve.live import LiveState
 from minipaged.serve.protocol import APIError
 
 STATIC = Path(__file__).with_name("static")
@@ -181,19 +182,19 @@ def _routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/projector/stream")
     async def projector_stream() -> EngineStream:
-        live = server.running_loop.live
+        return EngineStream(_projector_frames(server.running_loop.live), on_close=lambda: None)
 
-        async def frames() -> AsyncIterator[str]:
-            sent, quiet = 0, 0.0
-            while True:
-                fresh = [(n, text) for n, text in live.frames if n > sent]
-                for n, text in fresh:
-                    yield f"data: {text}\n\n"
-                    sent = n
-                quiet = 0.0 if fresh else quiet + PUSH_INTERVAL
-                if quiet >= KEEPALIVE:  # a comment line keeps proxies from closing an idle stream
-                    yield ": idle\n\n"
-                    quiet = 0.0
-                await asyncio.sleep(PUSH_INTERVAL)
 
-        return EngineStream(frames(), on_close=lambda: None)
+async def _projector_frames(live: LiveState) -> AsyncIterator[str]:
+    """The projector frames as server-sent events, each sent once (the few kept first); a comment while idle."""
+    sent, quiet = 0, 0.0
+    while True:
+        fresh = [(n, text) for n, text in live.frames if n > sent]
+        for n, text in fresh:
+            yield f"data: {text}\n\n"
+            sent = n
+        quiet = 0.0 if fresh else quiet + PUSH_INTERVAL
+        if quiet >= KEEPALIVE:  # a comment line keeps proxies from closing an idle stream
+            yield ": idle\n\n"
+            quiet = 0.0
+        await asyncio.sleep(PUSH_INTERVAL)

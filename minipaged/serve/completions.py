@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -151,37 +151,60 @@ async def _stream(
     include_usage: bool,
 ) -> AsyncIterator[str]:
     """Server-sent events: a chunk per choice whenever its text grows; an error event if the engine fails."""
-    texts: dict[int, TextStream] = {}
-    closed: set[int] = set()
+    choices = _Choices(req, response_id, model, chat)
     final: dict[int, RequestOutput] = {}
     if chat:
         for i in range(req.n):
             yield protocol.sse(protocol.stream_chunk(response_id, model, chat, i, None, None))
     while len(final) < len(subs):
-        batch = [await events.get()]
-        while not events.empty():  # the client fell behind: send only the latest text of each request
-            batch.append(events.get_nowait())
-        latest: dict[int, RequestOutput] = {}
-        for sub, event in batch:
-            if isinstance(event, APIError):
-                yield protocol.sse(event.body())
-                yield protocol.sse("[DONE]")
-                return
-            latest[sub.prompt_index] = event
+        try:
+            latest = await _latest_outputs(events)
+        except APIError as error:  # the engine failed: say so, and end the stream
+            yield protocol.sse(error.body())
+            yield protocol.sse("[DONE]")
+            return
         for prompt_index, out in sorted(latest.items()):
-            for c in out.outputs:
-                index = protocol.choice_index(prompt_index, c.index, req.n)
-                if index in closed:
-                    continue
-                done = c.finish_reason is not None
-                piece = texts.setdefault(index, TextStream(req.stop_strings)).delta(c.text, done)
-                if piece or done:
-                    chunk = protocol.stream_chunk(response_id, model, chat, index, piece, c.finish_reason)
-                    yield protocol.sse(chunk)
-                if done:
-                    closed.add(index)
+            for chunk in choices.chunks(prompt_index, out):
+                yield chunk
             if out.finished:
                 final[prompt_index] = out
     if include_usage:
         yield protocol.sse(protocol.usage_chunk(response_id, model, chat, [final[i] for i in range(len(subs))]))
     yield protocol.sse("[DONE]")
+
+
+async def _latest_outputs(events: asyncio.Queue) -> dict[int, RequestOutput]:
+    """Prompt index -> its newest output, from the next event and all those queued behind it (a
+    client that fell behind is sent only the latest text of each request); an engine error is raised."""
+    batch = [await events.get()]
+    while not events.empty():
+        batch.append(events.get_nowait())
+    latest: dict[int, RequestOutput] = {}
+    for sub, event in batch:
+        if isinstance(event, APIError):
+            raise event
+        latest[sub.prompt_index] = event
+    return latest
+
+
+class _Choices:
+    """The choices of one streamed response: the text each has been sent so far, and those finished."""
+
+    def __init__(self, req: SamplingRequest, response_id: str, model: str, chat: bool) -> None:
+        self.req, self.response_id, self.model, self.chat = req, response_id, model, chat
+        self.texts: dict[int, TextStream] = {}  # choice index -> what it was sent (stop strings held back)
+        self.closed: set[int] = set()  # choices whose last chunk was sent
+
+    def chunks(self, prompt_index: int, out: RequestOutput) -> Iterator[str]:
+        """A chunk per choice of ``out`` whose text grew or that just finished."""
+        for c in out.outputs:
+            index = protocol.choice_index(prompt_index, c.index, self.req.n)
+            if index in self.closed:
+                continue
+            done = c.finish_reason is not None
+            piece = self.texts.setdefault(index, TextStream(self.req.stop_strings)).delta(c.text, done)
+            if piece or done:
+                chunk = protocol.stream_chunk(self.response_id, self.model, self.chat, index, piece, c.finish_reason)
+                yield protocol.sse(chunk)
+            if done:
+                self.closed.add(index)

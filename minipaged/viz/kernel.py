@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import ConnectionPatch, Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from minipaged.kernels.tiled import kv_tiles, online_softmax_trace, program_reads, query_tile
+from minipaged.kernels.tiled import BlockRead, kv_tiles, online_softmax_trace, program_reads, query_tile
 from minipaged.utils import cdiv
 from minipaged.viz.palette import FREE, WASTE, owner_color, text_color
 from minipaged.viz.slots import slot_grid
@@ -85,6 +85,18 @@ def draw_launch_grid(
     return fig
 
 
+def _reads_per_block(steps: list[list[BlockRead]]) -> dict[int, tuple[set[int], set[int]]]:
+    """Physical block -> (the logical blocks it is read as, the loop steps that read it): a block
+    shared by two logical blocks of the table is read as both."""
+    read_by: dict[int, tuple[set[int], set[int]]] = {}
+    for step, reads in enumerate(steps):
+        for r in reads:
+            logicals, step_ids = read_by.setdefault(r.physical, (set(), set()))
+            logicals.add(r.logical)
+            step_ids.add(step)
+    return read_by
+
+
 def draw_program_reads(
     block_table: Sequence[int],
     context_len: int,
@@ -126,10 +138,7 @@ def draw_program_reads(
     ax_l.set_title(f"sequence, logical order\n({context_len} tokens, KV tiles of {block_n})", fontsize=SMALL + 3)
 
     # Right: the physical pool; a slot is coloured by the step that reads the position it holds.
-    read_by: dict[int, tuple[set[int], set[int]]] = {}  # physical block -> (logical blocks, steps)
-    for step, r in ((step, r) for step, reads in enumerate(steps) for r in reads):
-        read_by.setdefault(r.physical, (set(), set()))[0].add(r.logical)
-        read_by[r.physical][1].add(step)
+    read_by = _reads_per_block(steps)
     physical: dict[int, int] = {}  # slot -> the first position read from it
     for pos in sorted(step_of):
         physical.setdefault(used[pos // block_size] * block_size + pos % block_size, pos)

@@ -226,6 +226,18 @@ def _tables_of(
     return out
 
 
+def _filled_slots(seqs: Mapping[K, tuple[list[int], int]], block_size: int, num_blocks: int) -> dict[int, int]:
+    """Physical block -> slots holding tokens (the most any table mapping it fills); a table naming a
+    block outside the pool of ``num_blocks`` is an error."""
+    filled: dict[int, int] = {}
+    for name, (ids, n) in seqs.items():
+        for j, b in enumerate(ids):
+            if not 0 <= b < num_blocks:
+                raise ValueError(f"{name!r} maps logical block {j} to block {b}, outside the pool of {num_blocks}")
+            filled[b] = max(filled.get(b, 0), min(block_size, max(0, n - j * block_size)))
+    return filled
+
+
 def draw_block_tables(
     tables: Mapping[K, TableWithTokens],
     block_size: int,
@@ -255,12 +267,7 @@ def draw_block_tables(
     pool_rows = math.ceil(num_blocks / ncols)
     inks = owner_inks(seqs)
     users = owners_from_tables({name: ids for name, (ids, _) in seqs.items()})
-    filled: dict[int, int] = {}  # physical block -> slots holding tokens
-    for name, (ids, n) in seqs.items():
-        for j, b in enumerate(ids):
-            if not 0 <= b < num_blocks:
-                raise ValueError(f"{name!r} maps logical block {j} to block {b}, outside the pool of {num_blocks}")
-            filled[b] = max(filled.get(b, 0), min(block_size, max(0, n - j * block_size)))
+    filled = _filled_slots(seqs, block_size, num_blocks)
     LW, TX, TW, PX, PW, PGAP = 4.0, 5.4, 1.1, 8.6, 2.6, 1.0  # data units: logical | table | pool columns
     height, width = max(logical_rows, pool_rows), PX + ncols * (PW + PGAP)
     fig, ax = new_figure(max(10.0, 0.75 * width + 2.0), 0.5 * height + 1.8)
