@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minipaged.attention.backends import AttentionBackend
 from minipaged.attention.cache_attention import (
     CacheAttention,
     PagedAttention,
@@ -73,36 +74,18 @@ def greedy_generate(
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    cfg, dev = model.config, model.device
+    dev = model.device
     backend = get_backend(attention_backend, dev)
     seqs = [list(p) for p in prompts]
-    max_len = max(len(p) for p in seqs) + max_new_tokens
-    layers, kv_heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
-
     store: ContiguousKVCache | PagedState | None = None  # None: recompute
+    attention: PagedAttention | None = None
     if cache == "contiguous":
-        store = ContiguousKVCache(
-            layers, kv_heads, head_dim, max_seq_len=max_len, max_seqs=len(seqs), dtype=model.dtype, device=dev
-        )
-        for i in range(len(seqs)):
-            store.add_sequence(i)
-        # [num_layers, num_slots, kv_heads, d] viewed as a pool of one-slot blocks, as the engine's layout
-        contiguous = PagedAttention(store.k.unsqueeze(2), store.v.unsqueeze(2), backend)
+        store, attention = _contiguous_cache(model, backend, len(seqs), max(len(p) for p in seqs) + max_new_tokens)
     elif cache == "paged":
         need = sum(cdiv(len(p) + max_new_tokens, block_size) for p in seqs)
-        num_blocks = need if num_blocks is None else num_blocks
-        pool = BlockPool(num_blocks)
-        if shuffle_seed is not None:  # free every block once, in a random order
-            blocks = pool.allocate(num_blocks)
-            random.Random(shuffle_seed).shuffle(blocks)
-            for b in blocks:
-                pool.free([b])
-        store = PagedState(
-            PagedKVCache(layers, num_blocks, block_size, kv_heads, head_dim, model.dtype, dev),
-            pool,
-            [BlockTable(block_size) for _ in seqs],
+        store, attention = _paged_cache(
+            model, backend, len(seqs), block_size, need if num_blocks is None else num_blocks, shuffle_seed
         )
-        paged = PagedAttention(store.kv.k, store.kv.v, backend)
 
     out_tokens: list[list[int]] = [[] for _ in seqs]
     step_logits: list[torch.Tensor] = []
@@ -117,19 +100,10 @@ def greedy_generate(
         positions = torch.tensor([p for c, s in zip(cached, seqs) for p in range(c, len(s))], device=dev)
         last = torch.tensor(q_lens, device=dev).cumsum(0) - 1  # each sequence's last new token
         attn: CacheAttention
-        if isinstance(store, ContiguousKVCache):
-            # Every table is checked before layer 0 writes: an overflow leaves the neighbours intact.
-            tables = [store.arena.table(i, c) for i, c in enumerate(ctx)]
-            contiguous.set_batch(PagedMetadata.build(tables, cached, q_lens, 1, dev))
-            store.num_tokens.update(enumerate(ctx))  # this runner owns the cache's record
-            attn = contiguous
-        elif isinstance(store, PagedState):
-            for table, q in zip(store.tables, q_lens):
-                table.append_tokens(q, store.pool)
-            paged.set_batch(PagedMetadata.build([t.block_ids for t in store.tables], cached, q_lens, block_size, dev))
-            attn = paged
-        else:
+        if store is None or attention is None:
             attn = RecomputeAttention(torch.nn.functional.pad(last + 1, (1, 0)).to(torch.int32))
+        else:
+            attn = _set_batch(store, attention, cached, ctx, q_lens)
         logits = model(input_ids, positions, attn, logits_indices=last)
         step_logits.append(logits)
         next_ids = logits.argmax(-1).tolist()
@@ -138,3 +112,59 @@ def greedy_generate(
             seqs[i].append(t)
             out_tokens[i].append(t)
     return Generation(out_tokens, step_logits, store)
+
+
+def _contiguous_cache(
+    model: DecoderModel, backend: AttentionBackend, num_seqs: int, max_len: int
+) -> tuple[ContiguousKVCache, PagedAttention]:
+    """One ``max_len`` reservation per sequence, read as a pool of one-slot blocks (as the engine's layout)."""
+    cfg = model.config
+    store = ContiguousKVCache(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_seq_len=max_len, max_seqs=num_seqs,
+        dtype=model.dtype, device=model.device,
+    )  # fmt: skip
+    for i in range(num_seqs):
+        store.add_sequence(i)
+    # [num_layers, num_slots, kv_heads, d] viewed as [num_layers, num_slots, 1, kv_heads, d]
+    return store, PagedAttention(store.k.unsqueeze(2), store.v.unsqueeze(2), backend)
+
+
+def _paged_cache(
+    model: DecoderModel, backend: AttentionBackend, num_seqs: int, block_size: int, num_blocks: int,
+    shuffle_seed: int | None,
+) -> tuple[PagedState, PagedAttention]:  # fmt: skip
+    """A pool of ``num_blocks`` (its free list shuffled by ``shuffle_seed``) and one table per sequence."""
+    cfg = model.config
+    pool = BlockPool(num_blocks)
+    if shuffle_seed is not None:  # free every block once, in a random order
+        blocks = pool.allocate(num_blocks)
+        random.Random(shuffle_seed).shuffle(blocks)
+        for b in blocks:
+            pool.free([b])
+    kv = PagedKVCache(
+        cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, model.dtype, model.device
+    )
+    store = PagedState(kv, pool, [BlockTable(block_size) for _ in range(num_seqs)])
+    return store, PagedAttention(kv.k, kv.v, backend)
+
+
+def _set_batch(
+    store: ContiguousKVCache | PagedState,
+    attention: PagedAttention,
+    cached: list[int],
+    ctx: list[int],
+    q_lens: list[int],
+) -> PagedAttention:
+    """Room for the step's new tokens, and the step's metadata for every layer."""
+    dev = attention.k_cache.device
+    if isinstance(store, ContiguousKVCache):
+        # Every table is checked before layer 0 writes: an overflow leaves the neighbours intact.
+        tables: list[Sequence[int]] = [store.arena.table(i, c) for i, c in enumerate(ctx)]
+        attention.set_batch(PagedMetadata.build(tables, cached, q_lens, 1, dev))
+        store.num_tokens.update(enumerate(ctx))  # this runner owns the cache's record
+    else:
+        for table, q in zip(store.tables, q_lens):
+            table.append_tokens(q, store.pool)
+        block_size = store.tables[0].block_size
+        attention.set_batch(PagedMetadata.build([t.block_ids for t in store.tables], cached, q_lens, block_size, dev))
+    return attention

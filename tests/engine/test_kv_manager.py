@@ -256,7 +256,8 @@ def test_a_block_is_published_when_the_step_that_fills_it_commits():
     assert kv.stats()["cached_blocks"] == 0  # block 0 holds 3 of 4 tokens
     tx = transaction(kv)
     step(kv, a, 3, tx=tx)
-    assert kv.stats()["cached_blocks"] == 0 and [b.block_hash for b in tx.staged] == a.block_hashes[:1]  # staged, not cached
+    assert kv.stats()["cached_blocks"] == 0  # staged, not cached
+    assert [b.block_hash for b in tx.staged] == a.block_hashes[:1]
     tx.commit()  # the forward wrote block 0's K/V
     assert kv.stats()["cached_blocks"] == 1  # block 0 full after this step, block 1 not
     assert kv.pool_view()[1][:2] == [True, False]
