@@ -315,20 +315,15 @@ class LearnerBackend(TorchBackend):
         kernel = self.parts[4].store_kvcache_kernel  # your kernel, through the given launcher
         launch_store(key.contiguous(), value.contiguous(), k_cache, v_cache, slots, kernel=kernel)
 
-    def decode(
+    def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: BatchPlan
     ) -> torch.Tensor:
-        if 7 not in self.parts:
-            return super().decode(q, k_cache, v_cache, meta, plan)
-        self.calls[7] += 1
-        kernel = self.parts[7].paged_decode_kernel
-        return launch_decode(q.contiguous(), k_cache, v_cache, meta.block_tables, meta.context_lens, kernel=kernel)
-
-    def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: BatchPlan
-    ) -> torch.Tensor:
-        if self.gather_stage is None or self.gather is None:
-            return super().prefill(q, k_cache, v_cache, meta, plan)
+        if plan.one_token and 7 in self.parts:  # a decode step: your kernel takes one query per sequence
+            self.calls[7] += 1
+            kernel = self.parts[7].paged_decode_kernel
+            return launch_decode(q.contiguous(), k_cache, v_cache, meta.block_tables, meta.context_lens, kernel=kernel)
+        if plan.one_token or self.gather_stage is None or self.gather is None:
+            return super().attend(q, k_cache, v_cache, meta, plan)
         self.calls[self.gather_stage] += 1
         gather = getattr(self.parts[self.gather_stage], self.gather)
         out = torch.empty_like(q)

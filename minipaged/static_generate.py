@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-from minipaged.attention.backends import get_backend
 from minipaged.attention.cache_attention import (
     CacheAttention,
     PagedAttention,
     PagedMetadata,
     RecomputeAttention,
 )
+from minipaged.kernels.choose import get_backend
 from minipaged.kv.block_pool import BlockPool
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ContiguousKVCache

@@ -85,7 +85,7 @@ def draw(nodes: dict[str, list[str]], edges: set[tuple[str, str]], rows: list[li
     g.attr(
         label="The imports between minipaged's packages, read from the code by grimp, drawn by Graphviz.\n"
         "An arrow goes from the importer to what it imports. Rows: the layers lint-imports checks (pyproject.toml).\n"
-        "Not drawn: imports by name through importlib (attention/backends.py -> kernels, __main__.py -> bench).",
+        "Not drawn: imports by name through importlib (__main__.py -> bench).",
         labelloc="t",
         fontname="Helvetica",
         fontsize="13",

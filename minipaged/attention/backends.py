@@ -1,18 +1,23 @@
 """Attention backends: one small interface, three implementations of paged attention.
 
-Every layer of a paged cache does the same three things each step: write the new tokens' K/V
-(``store_kvcache``), then attend, with a decode path (one new token per sequence) and a
-prefill path (any mix). Before the first layer, ``plan`` turns the step's
+Every layer of a paged cache does the same two things each step: write the new tokens' K/V
+(``store_kvcache``), then ``attend`` through the block tables, whatever mix of prompts, chunks
+and single decode tokens the step brings. Before the first layer, ``plan`` turns the step's
 :class:`~minipaged.attention.metadata.PagedMetadata` into whatever the backend wants to compute
-once per step rather than once per layer. :class:`AttentionBackend` is that interface:
+once per step rather than once per layer (and a backend with a faster path for some steps, as
+Triton's decode kernel for steps of one token per sequence, decides there which one the step
+takes). :class:`AttentionBackend` is that interface:
 
 - ``"reference"``: :class:`ReferenceBackend`, the per-sequence oracle every other backend is
   tested against (:mod:`minipaged.attention.reference`; slow, readable);
 - ``"torch"``: :class:`TorchBackend`, the whole batch in a few tensor ops
   (:mod:`minipaged.attention.batched`), the CPU default;
 - ``"triton"``: ``minipaged.kernels.TritonBackend`` (compiled on a GPU, Triton's interpreter on
-  a CPU), imported only when chosen, so ``import minipaged`` never imports Triton;
-- ``"auto"``: Triton on a CUDA device, torch elsewhere.
+  a CPU);
+- ``"auto"``: Triton on a CUDA device, torch elsewhere (:func:`resolve_backend`).
+
+Building the chosen one is :func:`minipaged.kernels.choose.get_backend`'s job: the kernels
+package sits above this one, and imports Triton only when it is chosen.
 """
 
 from __future__ import annotations
@@ -43,17 +48,16 @@ class AttentionBackend(Protocol):
         self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
     ) -> None: ...
 
-    def prefill(
+    def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: Any
-    ) -> torch.Tensor: ...
-
-    def decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: Any
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor:
+        """The packed queries attend to their sequences' paged K/V -> ``[num_tokens, num_heads, head_dim]``."""
+        ...
 
 
 class ReferenceBackend:
-    """The oracle: one sequence at a time, in plain PyTorch."""
+    """The oracle: one sequence at a time, in plain PyTorch. Its prefill rule covers decode (a
+    sequence with one new token is a prefill of length 1), so every step takes the same path."""
 
     name = "reference"
     store_kvcache = staticmethod(reference.store_kvcache)
@@ -61,18 +65,16 @@ class ReferenceBackend:
     def plan(self, meta: PagedMetadata, block_size: int) -> None:
         return None
 
-    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: None) -> Tensor:
+    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: None) -> Tensor:
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens
         )
 
-    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: None) -> Tensor:
-        return reference.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
-
 
 class TorchBackend:
     """The whole batch at once; its row layout and masks depend on the lengths only, so they are
-    planned once per step (:func:`~minipaged.attention.batched.plan_batch`)."""
+    planned once per step (:func:`~minipaged.attention.batched.plan_batch`, which also keeps
+    decode rows apart from prefill rows)."""
 
     name = "torch"
     store_kvcache = staticmethod(batched.store_kvcache)
@@ -80,13 +82,10 @@ class TorchBackend:
     def plan(self, meta: PagedMetadata, block_size: int) -> BatchPlan:
         return batched.plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, block_size)
 
-    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: BatchPlan) -> Tensor:
+    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: BatchPlan) -> Tensor:
         return batched.paged_prefill_attention(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, plan=plan
         )
-
-    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: BatchPlan) -> Tensor:
-        return batched.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, plan=plan)
 
 
 def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
@@ -96,15 +95,3 @@ def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
     if name == "auto":
         return "triton" if torch.device(device).type == "cuda" else "torch"
     return name
-
-
-def get_backend(name: str, device: torch.device | str = "cpu") -> AttentionBackend:
-    """An instance of backend ``name`` for ``device`` (Triton is imported only if chosen)."""
-    chosen = resolve_backend(name, device)
-    if chosen == "triton":
-        # Upward on purpose, and only when chosen: `import minipaged` never loads Triton. The one
-        # such import, allowed by name in pyproject.toml's import-linter contracts.
-        from minipaged.kernels import TritonBackend
-
-        return TritonBackend()
-    return ReferenceBackend() if chosen == "reference" else TorchBackend()

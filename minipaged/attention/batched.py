@@ -69,10 +69,12 @@ class RowGroup:
 @dataclass
 class BatchPlan:
     """The row groups of one step: decode groups and prefill groups (one of each, or two when the
-    lengths in a group differ much)."""
+    lengths in a group differ much). ``one_token``: every sequence brings exactly one new token,
+    a step a decode-only kernel could run on its own."""
 
     decode: list[RowGroup]
     prefill: list[RowGroup]
+    one_token: bool
 
     @property
     def groups(self) -> list[RowGroup]:
@@ -147,7 +149,7 @@ def plan_batch(
         parts = split_by_length(seqs, q_lens, context_lens, block_size, min_size)
         return [_group(p, q_lens, context_lens, starts, block_tables, block_size) for p in parts if p]
 
-    return BatchPlan(groups(decode, 4), groups(prefill, 2))
+    return BatchPlan(groups(decode, 4), groups(prefill, 2), one_token=len(decode) == len(q_lens))
 
 
 def split_by_length(
@@ -311,7 +313,7 @@ def paged_decode_attention(
     plan: BatchPlan | None = None,
 ) -> torch.Tensor:
     """One new query token per sequence: q: [num_seqs, num_heads, head_dim] -> same shape."""
-    if plan is not None:  # the engine's case: no packing to describe, the plan has it
+    if plan is not None:  # planned already (plan_batch): no packing to describe, the plan has it
         return _attend_planned(q, k_cache, v_cache, plan, scale)
     cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)

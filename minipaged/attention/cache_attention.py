@@ -43,7 +43,9 @@ class PagedAttention:
     """Writes each layer's new K/V by ``slot_mapping``, then attends through ``block_tables``.
 
     k_cache, v_cache: ``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]``.
-    ``set_batch`` takes the step's metadata and lets the backend plan once for every layer.
+    ``set_batch`` takes the step's metadata and lets the backend plan once for every layer
+    (whatever the backend decides from the step's lengths, such as a decode-only launch, is
+    decided there); ``attend`` is then one ``store_kvcache`` and one ``backend.attend`` a layer.
     """
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, backend: AttentionBackend) -> None:
@@ -62,5 +64,4 @@ class PagedAttention:
             raise RuntimeError("call set_batch(meta) before the forward")
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
         self.backend.store_kvcache(k, v, k_cache, v_cache, m.slot_mapping)
-        attend = self.backend.decode if m.is_decode else self.backend.prefill
-        return attend(q, k_cache, v_cache, m, self.plan)
+        return self.backend.attend(q, k_cache, v_cache, m, self.plan)

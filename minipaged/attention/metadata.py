@@ -61,10 +61,5 @@ class PagedMetadata:
         )
 
     @property
-    def is_decode(self) -> bool:
-        """Every sequence brings exactly one new token."""
-        return all(n == 1 for n in self.host_q_lens)
-
-    @property
     def max_q_len(self) -> int:
         return max(self.host_q_lens, default=0)

@@ -1,5 +1,9 @@
 """What the scheduler decides for one step, and what the runner hands back.
 
+Rows are added by the step's transaction (:meth:`StepTransaction.add
+<minipaged.engine.step_transaction.StepTransaction.add>`), which also keeps what adding them
+changed.
+
 :class:`ScheduledBatch` is the whole of a step's work, so that the model runner needs nothing
 else: which sequences compute how many new tokens (and where their K/V go: ``block_tables``),
 which rows sample, and the block moves to make before the forward — copy-on-write copies
@@ -42,16 +46,6 @@ class ScheduledBatch:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     preempted: list[Sequence] = field(default_factory=list)
     swapped_out: list[Sequence] = field(default_factory=list)
-
-    def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int], samplers: Seq[Sequence] = ()) -> None:
-        """A row computing ``num_tokens`` of ``seq``; ``samplers`` draw from its logits."""
-        row = len(self.seqs)
-        self.seqs.append(seq)
-        self.q_lens.append(num_tokens)
-        self.starts.append(seq.num_computed_tokens)
-        self.block_tables.append(block_table)
-        self.decode.append(seq.is_decode(num_tokens))
-        self.samples += [(row, s) for s in samplers]
 
 
 @dataclass

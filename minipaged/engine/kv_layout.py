@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from minipaged.attention.backends import get_backend
 from minipaged.attention.cache_attention import PagedAttention
 from minipaged.engine.config import EngineConfig, block_nbytes
 from minipaged.engine.contiguous_manager import ContiguousKVManager
 from minipaged.engine.kv_manager import KVManager, KVReport, PagedKVManager
 from minipaged.engine.plugins import EnginePlugins
+from minipaged.kernels.choose import get_backend
 from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.model.config import ModelConfig
 

@@ -65,11 +65,21 @@ class StepTransaction:
         self.failed_request_ids: list[int] = []
 
     def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int]) -> None:
-        """A row for ``seq``'s ``num_tokens`` new tokens; its group's samplers draw from it if it
-        reaches the last token (their random state is kept, to give the draw back on rollback)."""
-        samplers = seq.group.samplers(seq) if seq.num_computed_tokens + num_tokens == len(seq) else []
-        self.batch.add(seq, num_tokens, block_table, samplers)
-        self.rng_states += [(s.generator, s.generator.get_state()) for s in samplers if s.generator is not None]
+        """A row of the batch for ``seq``'s ``num_tokens`` new tokens, starting at its computed
+        ones. If the row reaches ``seq``'s last token, its group's samplers draw from its logits;
+        their random state is kept, to give the draw back on rollback."""
+        b = self.batch
+        row = len(b.seqs)
+        b.seqs.append(seq)
+        b.q_lens.append(num_tokens)
+        b.starts.append(seq.num_computed_tokens)
+        b.block_tables.append(block_table)
+        b.decode.append(seq.is_decode(num_tokens))
+        if seq.num_computed_tokens + num_tokens == len(seq):
+            for s in seq.group.samplers(seq):
+                b.samples.append((row, s))
+                if s.generator is not None:
+                    self.rng_states.append((s.generator, s.generator.get_state()))
 
     # -- the prefix cache's side -----------------------------------------------------------
     def stage(self, block: KVCacheBlock, block_hash: int, token_ids: Seq[int], parent: KVCacheBlock | None) -> None:

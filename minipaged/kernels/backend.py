@@ -1,7 +1,15 @@
 """The Triton kernels behind the attention backend interface
-(:class:`minipaged.attention.backends.AttentionBackend`)."""
+(:class:`minipaged.attention.backends.AttentionBackend`).
+
+The kernel module has one kernel and two launches: prefill (any mix of sequences, packed by
+``cu_seqlens_q``, a grid sized by the longest ``q_len``) and decode (one query per sequence, its
+row found from the sequence index). Which one a step takes depends on its lengths alone, so
+:meth:`TritonBackend.plan` decides it once per step and every layer's ``attend`` follows it.
+"""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from torch import Tensor
 
@@ -10,19 +18,27 @@ from minipaged.kernels.paged_attention import paged_decode_attention, paged_pref
 from minipaged.kernels.store import store_kvcache
 
 
+class TritonPlan(NamedTuple):
+    """``max_q_len``: the longest ``q_len``, the prefill grid's size (known on the host, so no
+    layer reads it back from the device); ``decode``: every sequence brings exactly one token."""
+
+    max_q_len: int
+    decode: bool
+
+
 class TritonBackend:
-    """Prefill's launch grid needs the longest ``q_len``: planned once per step, not read back per layer."""
+    """The decode launch for steps of one token per sequence, the prefill launch for the rest."""
 
     name = "triton"
     store_kvcache = staticmethod(store_kvcache)
 
-    def plan(self, meta: PagedMetadata, block_size: int) -> int:
-        return meta.max_q_len
+    def plan(self, meta: PagedMetadata, block_size: int) -> TritonPlan:
+        # A sequence with no new token has no query row, so max_q_len == 1 alone is not enough.
+        return TritonPlan(meta.max_q_len, all(n == 1 for n in meta.host_q_lens))
 
-    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: int) -> Tensor:
+    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: TritonPlan) -> Tensor:
+        if plan.decode:
+            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
         return paged_prefill_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, max_q_len=plan
+            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, max_q_len=plan.max_q_len
         )
-
-    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: int) -> Tensor:
-        return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)

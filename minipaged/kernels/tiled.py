@@ -22,8 +22,8 @@ every piece can be printed, drawn (:mod:`minipaged.viz.kernel`) and tested:
 - :func:`kernel_tile_sizes`: the ``(block_q, block_n)`` a Triton launch would pick.
 
 The kernel works in base 2 (``exp2``, with ``log2(e)`` folded into the scale); this module uses
-``exp``, which gives the same numbers. It lives in the kernels package, so importing it loads
-Triton like the rest of the package (the torch path never imports it).
+``exp``, which gives the same numbers. Its tile sizes come from the kernel module
+(:func:`kernel_tile_sizes`), so importing it loads Triton; the torch path never imports it.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def kernel_tile_sizes(
 ) -> tuple[int, int]:
     """``(block_q, block_n)``: the query tokens per program and key positions per loop step that
     the Triton kernel would use for this launch (``kernel_constexprs``'s ``BLOCK_Q`` and
-    ``BLOCK_N``; ``mode`` goes to it as well, e.g. ``interpret=False`` for a GPU). Imports Triton.
+    ``BLOCK_N``; ``mode`` goes to it as well, e.g. ``interpret=False`` for a GPU).
     """
     consts = kernel_constexprs(dtype, num_heads, num_kv_heads, head_dim, max_q_len, decode, block_m, block_n, **mode)
     return consts["BLOCK_Q"], consts["BLOCK_N"]

@@ -117,7 +117,7 @@ def test_prepare_packs_a_chunk_from_mid_prompt_and_a_decode_row(runner):
     assert meta.block_tables.tolist() == [[3, 7], [5, 6]]
     assert meta.context_lens.tolist() == [8, 6]
     assert meta.cu_seqlens_q.tolist() == [0, 4, 5]
-    assert not meta.is_decode
+    assert meta.host_q_lens == [4, 1] and meta.host_context_lens == [8, 6]  # a mixed step
 
 
 def test_prepare_pads_ragged_block_tables(runner):

@@ -265,10 +265,46 @@ def test_store_kvcache_rejects_bad_input():
 
 
 def test_backend_uses_the_kernels():
-    from minipaged.attention.backends import get_backend
     from minipaged.attention.metadata import PagedMetadata
+    from minipaged.kernels.choose import get_backend
 
     backend = get_backend("triton", DEVICE)
     assert isinstance(backend, kernels.TritonBackend) and backend.store_kvcache is kernels.store_kvcache
     meta = PagedMetadata.build([[0, 1], [2]], starts=[0, 0], q_lens=[5, 3], block_size=4, device=DEVICE)
-    assert backend.plan(meta, 4) == 5  # the prefill grid's longest q_len, planned once per step
+    assert backend.plan(meta, 4) == (5, False)  # the prefill grid's longest q_len, planned once per step
+
+
+@pytest.mark.parametrize(
+    "q_lens,launch",
+    [([1, 1, 1], "decode"), ([3, 1, 2], "prefill"), ([1, 0, 1], "prefill"), ([2], "prefill")],
+    ids=["all decode", "mixed", "a sequence with no new token", "one prompt"],
+)
+def test_triton_plan_picks_the_decode_launch_only_for_one_token_per_sequence(monkeypatch, q_lens, launch):
+    """Decided once per step in ``plan``; every layer's ``attend`` then takes that launch."""
+    from minipaged.attention.metadata import PagedMetadata
+    from minipaged.kernels import backend as triton_backend
+
+    launched = []
+    for name in ("decode", "prefill"):
+        fn = getattr(triton_backend, f"paged_{name}_attention")
+        monkeypatch.setattr(
+            triton_backend,
+            f"paged_{name}_attention",
+            lambda *a, _fn=fn, _name=name, **kw: launched.append(_name) or _fn(*a, **kw),
+        )
+    g = torch.Generator().manual_seed(0)
+    starts = [3] * len(q_lens)
+    meta = PagedMetadata.build([[i] for i in range(len(q_lens))], starts, q_lens, block_size=8, device=DEVICE)
+    tb = triton_backend.TritonBackend()
+    plan = tb.plan(meta, 8)
+    assert plan == (max(q_lens), launch == "decode")
+    k_cache = torch.randn(len(q_lens), 8, 2, 16, generator=g).to(DEVICE)
+    v_cache = torch.randn(len(q_lens), 8, 2, 16, generator=g).to(DEVICE)
+    q = torch.randn(sum(q_lens), 4, 16, generator=g).to(DEVICE)
+    for _ in range(2):  # two layers, one plan
+        out = tb.attend(q, k_cache, v_cache, meta, plan)
+        want = reference.paged_prefill_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens
+        )
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert launched == [launch, launch]

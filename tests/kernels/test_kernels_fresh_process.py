@@ -122,13 +122,16 @@ def test_importing_the_kernels_leaves_the_environment_and_the_torch_path_alone()
         import os, sys, torch
         before = dict(os.environ)
         import minipaged
-        from minipaged.attention import backends
+        from minipaged.kernels import choose
         assert "triton" not in sys.modules, "import minipaged must not import triton"
+        assert choose.get_backend("torch").name == "torch" and "triton" not in sys.modules, "torch loaded triton"
         import minipaged.kernels as k
         assert dict(os.environ) == before, "importing minipaged.kernels changed os.environ"
+        assert "triton" not in sys.modules, "the package's names load on first use"
         assert k.INTERPRET == (not torch.cuda.is_available()), k.INTERPRET
+        assert "triton" in sys.modules
         assert k.interpreting("cpu") and k.interpreting(torch.device("cpu"))
-        assert isinstance(backends.get_backend("triton"), k.TritonBackend)
+        assert isinstance(choose.get_backend("triton"), k.TritonBackend)
         print("ok")
     """)
     assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr
