@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from minipaged.engine.outputs import StepSnapshot
 from minipaged.viz import palette
+from minipaged.viz.snapshot import StepSnapshot
 from minipaged.viz.step_events import step_events as events_between
 
 EVENT_KINDS = ("cow", "hits", "evicted", "preempted")

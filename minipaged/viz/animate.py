@@ -33,7 +33,7 @@ from minipaged.viz.step_events import StepEvents, live, step_events
 if TYPE_CHECKING:
     import ipywidgets
 
-    from minipaged.engine.outputs import StepSnapshot
+    from minipaged.viz.snapshot import StepSnapshot
 
 
 @dataclass
@@ -156,8 +156,9 @@ def build_frames(
     """A :class:`Movie` with one frame per snapshot (paged cache only: snapshots need ``ref_cnt``).
 
     For a run of your own: ``build_frames(snaps, llm.block_size, llm.num_blocks, "my run")``, where
-    ``snaps`` are what ``llm.step()`` returned, every one from the first step on (a run watched
-    from the middle works too; its first frame simply finds its sequences already there).
+    ``snaps`` are what :func:`~minipaged.viz.snapshot.step_snapshot` returned, every one from the
+    first step on (a run watched from the middle works too; its first frame simply finds its
+    sequences already there).
     """
     names = dict(names or seq_names(snapshots, lambda r: chr(ord("A") + r) if r < 26 else f"R{r}"))  # A, B, ...
     for snap in snapshots:  # sequences never scheduled in these snapshots keep their id
@@ -210,13 +211,14 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any], list[tuple[int, str, str, int]]]
 
 
 def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movie:
-    """Run the embedded model through ``SCENARIOS[which]``, one ``LLM.step()`` per frame.
+    """Run the embedded model through ``SCENARIOS[which]``, one step (``step_snapshot``) per frame.
 
     Requests are added before the step their arrival names (idle stretches are skipped); every
     snapshot is kept, then turned into a :class:`Movie` by :func:`build_frames`.
     """
     from minipaged import LLM, SamplingParams
     from minipaged.tiny.task import prompt_for
+    from minipaged.viz.snapshot import step_snapshot
 
     title, engine, arrivals = SCENARIOS[which]
     llm, pending = LLM(**engine), sorted(arrivals, key=lambda a: a[0])
@@ -228,7 +230,7 @@ def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movi
         while pending and pending[0][0] - skipped <= len(snapshots):
             _, text, preamble, n = pending.pop(0)
             llm.add_request(prompt_for(text, preamble), SamplingParams(temperature=0, max_tokens=max_tokens, n=n))
-        snapshots.append(llm.step())
+        snapshots.append(step_snapshot(llm))
     return build_frames(snapshots, llm.block_size, llm.num_blocks, title, None, engine["max_num_batched_tokens"])
 
 

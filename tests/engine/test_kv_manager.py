@@ -49,6 +49,11 @@ def refs(kv: PagedKVManager, pool=None) -> list[int]:
     return [b.ref_cnt for b in (pool or kv.pool).blocks]
 
 
+def pool_view(kv: PagedKVManager) -> tuple[list[int], list[bool], int]:
+    """The pool as a snapshot reads it: every block's ref_cnt, whether it is cached, the free count."""
+    return refs(kv), [b.block_hash is not None for b in kv.pool.blocks], kv.pool.num_free_blocks
+
+
 # -- growth --------------------------------------------------------------------------------
 def test_block_ids_grow_one_block_when_the_last_one_fills():
     kv = manager()
@@ -212,7 +217,7 @@ def test_a_block_is_published_the_step_it_fills():
     assert kv.stats()["cached_blocks"] == 0  # block 0 holds 3 of 4 tokens
     step(kv, a, 3)
     assert kv.stats()["cached_blocks"] == 1  # block 0 full after this step, block 1 not
-    assert kv.pool_view()[1][:2] == [True, False]
+    assert pool_view(kv)[1][:2] == [True, False]
     assert a.block_hashes == chain_hashes(list(range(1, 5)), BS)
 
 
@@ -226,7 +231,7 @@ def test_drop_unwritten_withdraws_what_the_failed_step_published():
     assert a.block_table.block_ids == [0, 1, 2, 3] and kv.stats()["cached_blocks"] == 3
     kv.drop_unwritten()  # the step failed
     assert kv.stats()["cached_blocks"] == 1
-    assert kv.pool_view()[1][:4] == [True, False, False, False]
+    assert pool_view(kv)[1][:4] == [True, False, False, False]
     assert [kv.pool.blocks[b].block_hash is None for b in (1, 2)] == [True, True]
     late = seq(range(1, 14))
     assert kv.match_prefix(late) == 4  # only the block written by the earlier step is a hit
@@ -247,7 +252,7 @@ def test_mark_written_keeps_what_was_published_and_records_the_peak():
     kv.free(a)
     kv.mark_written()
     assert kv.slots_allocated() == 0 and kv.peak_slots_allocated == 12
-    assert kv.pool_view() == ([0] * 8, [True, True] + [False] * 6, 8)  # cached blocks stay cached
+    assert pool_view(kv) == ([0] * 8, [True, True] + [False] * 6, 8)  # cached blocks stay cached
 
 
 def test_a_hit_on_a_block_published_in_the_same_step_is_withdrawn_with_it():
@@ -370,7 +375,7 @@ def test_stats_and_pool_view():
         swapped_out_blocks=0,
         swapped_in_blocks=0,
     )
-    assert kv.pool_view() == ([2, 1, 1, 0, 0, 0, 0, 0], [True] + [False] * 7, 5)
+    assert pool_view(kv) == ([2, 1, 1, 0, 0, 0, 0, 0], [True] + [False] * 7, 5)
 
 
 def test_block_ids_are_the_blocks_of_the_first_tokens_and_a_copy():
@@ -417,6 +422,5 @@ def test_the_step_interface_is_what_both_layouts_offer_and_nothing_more():
         "can_swap_in",
         "swap_in",
         "drop_unwritten",
-        "pool_view",
     ):
         assert not hasattr(contiguous, name) and hasattr(manager(), name), name
