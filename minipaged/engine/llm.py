@@ -9,12 +9,12 @@ One step is three calls: the :class:`Scheduler` decides (``schedule`` -> a
 and the scheduler applies the outcome (``postprocess``). For notebooks and servers there is a
 step-level API, as in vLLM's ``LLMEngine``: :meth:`LLM.add_request`, :meth:`LLM.step` (returns the
 :class:`RequestOutput` of every request that got a token), :meth:`LLM.abort_request`,
-:meth:`LLM.kv_stats` and ``LLM.num_steps``; :meth:`LLM.run_step` is the step itself (the batch
-it ran and the sequences it moved on), which the drawings (:func:`minipaged.viz.snapshot.step_snapshot`
-records what a step did and left), benchmarks and the paper's runs drive, with
-:meth:`LLM.get_output` and ``LLM.step_hooks`` (called in every step once its K/V are written);
-:meth:`LLM.beam_search` runs beam search; :meth:`LLM.chat` renders conversations with the model's
-chat template and generates.
+:meth:`LLM.kv_stats` and ``LLM.num_steps``. :meth:`LLM.run_step` is the step itself (-> the
+batch it ran and the sequences it moved on): the drawings drive it to record what a step did
+(:func:`minipaged.viz.snapshot.step_snapshot`; the engine builds no snapshot), and so do the
+benchmarks and the paper's runs, with :meth:`LLM.get_output` and ``LLM.step_hooks`` (called in
+every step once its K/V are written). :meth:`LLM.beam_search` runs beam search; :meth:`LLM.chat`
+renders conversations with the model's chat template and generates.
 """
 
 from __future__ import annotations
