@@ -9,7 +9,7 @@ import logging
 
 from minipaged.engine.beam_search import BeamSearchOutput, BeamSearchSequence
 from minipaged.engine.llm import LLM
-from minipaged.engine.outputs import CompletionOutput, RequestOutput, StepSnapshot
+from minipaged.engine.outputs import CompletionOutput, RequestOutput
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.kv.block_pool import BlockPool, KVCacheBlock, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
@@ -23,7 +23,6 @@ __all__ = [
     "SamplingParams",
     "RequestOutput",
     "CompletionOutput",
-    "StepSnapshot",
     "BeamSearchParams",
     "BeamSearchOutput",
     "BeamSearchSequence",

@@ -64,7 +64,7 @@ class ChatSession:
         stream, last, stopped = TextStream(), None, False
         try:
             while self.llm.has_unfinished_requests():
-                for o in self.llm.step().outputs:
+                for o in self.llm.step():
                     if o.request_id == request_id:
                         last = o
                         out.write(stream.delta(o.outputs[0].text, o.finished))

@@ -24,6 +24,7 @@ from minipaged.engine.sampling_params import SamplingParams
 from minipaged.model.chat_template import ChatTemplate
 from minipaged.tiny import task
 from minipaged.utils import cdiv
+from minipaged.viz.snapshot import step_snapshot
 
 SYSTEM_PROMPT = (
     "You are a patient teacher in a short course on how language models are served on computers. "
@@ -66,10 +67,10 @@ def real_chats(llm: LLM, template: ChatTemplate, questions: Sequence[str], max_t
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     request_ids = [llm.add_request(ids, params) for _, ids in prompts]
     # All the chats are prefilled in the first step: look at the pool right after it.
-    first = llm.step()
+    first = step_snapshot(llm)
     done = {o.request_id: o for o in first.finished}
     while llm.has_unfinished_requests():
-        done.update((o.request_id, o) for o in llm.step().finished)
+        done.update((o.request_id, o) for o in llm.step() if o.finished)
     outputs = [done[r] for r in request_ids]
     for i, (question, out) in enumerate(zip(questions, outputs), 1):
         print(f"[{i}] {question}")

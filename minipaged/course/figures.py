@@ -67,13 +67,14 @@ def block_tables() -> Figure:
     from minipaged import LLM, SamplingParams
     from minipaged.tiny.task import prompt_for
     from minipaged.viz.pool import draw_block_tables
+    from minipaged.viz.snapshot import step_snapshot
 
     llm = LLM(block_size=BLOCK_SIZE, num_kvcache_blocks=12, enable_prefix_caching=True)
     sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     system = "Copy the text: "  # 15 characters + <copy>: one full block of 16 tokens
     llm.add_request(prompt_for("copy me", system), sp)
     llm.add_request(prompt_for("attention", system), sp)
-    snap = llm.step()
+    snap = step_snapshot(llm)
     names = dict(zip(sorted(snap.block_tables), "AB"))
     tables = {names[s]: t for s, t in snap.block_tables.items()}
     counts = {names[s]: n for s, n in snap.num_tokens.items() if s in names}
@@ -86,11 +87,12 @@ def slot_mapping() -> Figure:
     from minipaged import LLM, SamplingParams
     from minipaged.kv.slot_mapping import build_slot_mapping
     from minipaged.viz.slots import draw_slot_mapping
+    from minipaged.viz.snapshot import step_snapshot
 
     llm = LLM(block_size=4, num_kvcache_blocks=12, max_num_seqs=3)
     for text in ("ab", "x", "kv"):
         llm.add_request(text, SamplingParams(temperature=0, max_tokens=2))
-    snap = llm.step()
+    snap = step_snapshot(llm)
     seqs = sorted(snap.block_tables)
     tables = [snap.block_tables[s] for s in seqs]
     lens = [snap.num_tokens[s] for s in seqs]
@@ -176,7 +178,8 @@ def kv_usage() -> Figure:
             llm.add_request(p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
         stats, counts = [], []
         while llm.has_unfinished_requests():
-            counts.append(len(llm.step().running))
+            llm.step()
+            counts.append(len(llm.scheduler.running))
             stats.append(llm.kv_stats())
         usage.append(stats)
         running.append(counts)
@@ -191,11 +194,12 @@ def shared_prefix() -> Figure:
     from minipaged import LLM, SamplingParams
     from minipaged.tiny.task import prompt_for
     from minipaged.viz.prefix import draw_shared_pool
+    from minipaged.viz.snapshot import step_snapshot
 
     llm = LLM(enable_prefix_caching=True, block_size=16, num_kvcache_blocks=64, max_model_len=256)
     for text in ("paged attention", "kv cache", "block table", "copy on write"):
         llm.add_request(prompt_for(text, SYSTEM[:48]), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    snap = llm.step()
+    snap = step_snapshot(llm)
     labels = {s: f"request {k}" for k, s in enumerate(sorted(snap.block_tables))}
     return draw_shared_pool(snap, labels, block_size=16, title="4 requests, one 48-token system prompt")
 
@@ -211,12 +215,13 @@ def classroom() -> Figure:
     from minipaged import LLM, SamplingParams
     from minipaged.tiny.task import prompt_for
     from minipaged.viz.prefix import draw_shared_pool
+    from minipaged.viz.snapshot import step_snapshot
 
     llm = LLM(enable_prefix_caching=True, block_size=16, num_kvcache_blocks=96, max_model_len=256)
     students = ("ana", "row three", "hello", "kv", "paging", "bo", "zoe", "copy me")
     for text in students:
         llm.add_request(prompt_for(text, LESSON_PREAMBLE), SamplingParams(temperature=0, max_tokens=4))
-    snap = llm.step()
+    snap = step_snapshot(llm)
     labels = dict(zip(sorted(snap.block_tables), students))
     return draw_shared_pool(snap, labels, block_size=16, title="8 students, one 153-character preamble")
 

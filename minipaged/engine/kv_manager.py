@@ -292,7 +292,3 @@ class PagedKVManager:
             swapped_out_blocks=self.swapped_out_blocks,
             swapped_in_blocks=self.swapped_in_blocks,
         )
-
-    def pool_view(self) -> tuple[list[int], list[bool], int]:
-        blocks = self.pool.blocks
-        return [b.ref_cnt for b in blocks], [b.block_hash is not None for b in blocks], self.pool.num_free_blocks

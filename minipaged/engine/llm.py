@@ -7,11 +7,14 @@
 One step is three calls: the :class:`Scheduler` decides (``schedule`` -> a
 :class:`ScheduledBatch`), the :class:`ModelRunner` executes (``run`` -> the sampled tokens),
 and the scheduler applies the outcome (``postprocess``). For notebooks and servers there is a
-step-level API: :meth:`LLM.add_request`, :meth:`LLM.step` (returns a :class:`StepSnapshot`),
-:meth:`LLM.abort_request` and :meth:`LLM.kv_stats`; benchmarks and the paper's runs drive it
-with :meth:`LLM.run_step` (the step without a snapshot), :meth:`LLM.get_output` and
-``LLM.step_hooks`` (called in every step once its K/V are written); :meth:`LLM.beam_search` runs beam search;
-:meth:`LLM.chat` renders conversations with the model's chat template and generates.
+step-level API, as in vLLM's ``LLMEngine``: :meth:`LLM.add_request`, :meth:`LLM.step` (returns the
+:class:`RequestOutput` of every request that got a token), :meth:`LLM.abort_request`,
+:meth:`LLM.kv_stats` and ``LLM.num_steps``. :meth:`LLM.run_step` is the step itself (-> the
+batch it ran and the sequences it moved on): the drawings drive it to record what a step did
+(:func:`minipaged.viz.snapshot.step_snapshot`; the engine builds no snapshot), and so do the
+benchmarks and the paper's runs, with :meth:`LLM.get_output` and ``LLM.step_hooks`` (called in
+every step once its K/V are written). :meth:`LLM.beam_search` runs beam search; :meth:`LLM.chat`
+renders conversations with the model's chat template and generates.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from minipaged.engine.config import EngineConfig
 from minipaged.engine.kv_layout import build_kv_layout
 from minipaged.engine.messages import Conversation, as_conversations, render, template_of
 from minipaged.engine.model_runner import ModelRunner
-from minipaged.engine.outputs import RequestOutput, StepSnapshot, take_snapshot
+from minipaged.engine.outputs import RequestOutput
 from minipaged.engine.plugins import EnginePlugins
 from minipaged.engine.request_group import RequestGroup
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
@@ -136,27 +139,24 @@ class LLM:
         return self.scheduler.has_unfinished()
 
     # -- one step --------------------------------------------------------------------------
-    def step(self) -> StepSnapshot:
-        """Schedule, run the model once, sample, finish what is done; returns what happened.
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample, finish what is done; returns the output so far
+        of every request that got a token this step (by request id; beam searches are left out:
+        :meth:`beam_search` reports them). ``RequestOutput.finished`` marks those it completed.
 
         A step is all or nothing. If it raises (an error in the forward, Ctrl-C while sampling),
-        every sequence it ran goes back to the waiting queue to be recomputed, what it published
-        to the prefix cache is withdrawn, no copy it owed is replayed, and seeded samples get
+        every sequence it ran goes back to the waiting queue to be recomputed, nothing it filled is
+        published to the prefix cache, no copy it owed is replayed, and seeded samples get
         their random draw back: a later ``step()`` gives every request the tokens it would have
         had without the failure (``abort_request`` drops a request instead).
         ``failed_request_ids`` lists the requests that the failed step ran.
         """
-        batch, progressed = self.run_step()
+        _, progressed = self.run_step()
         requests = sorted({s.request_id for s in progressed if self._requests[s.request_id].streams})
-        outputs = [self.get_output(r) for r in requests]
-        s = self.scheduler
-        swapped = [q for unit in s.swapped for q in unit]
-        return take_snapshot(
-            self._step, batch, outputs, s.running, list(s.waiting), swapped, s.paged.pool_view() if s.paged else None
-        )
+        return [self.get_output(r) for r in requests]
 
     def run_step(self) -> tuple[ScheduledBatch, list[Sequence]]:
-        """One step without its snapshot: the batch it ran and the sequences it moved on.
+        """One step: the batch it ran and the sequences it moved on (no outputs are built).
 
         The three calls, with the rollback that makes a failed step leave no trace (see :meth:`step`).
         """
@@ -169,6 +169,11 @@ class LLM:
         progressed = self.scheduler.postprocess(batch, sampled)
         self._step += 1
         return batch, progressed
+
+    @property
+    def num_steps(self) -> int:
+        """Steps run so far (failed ones not counted)."""
+        return self._step
 
     def get_output(self, request_id: int) -> RequestOutput:
         """What request ``request_id`` has so far (finished or not)."""

@@ -80,11 +80,10 @@ def serve_at_rate(llm: LLM, requests: list[WorkItem], rate: float, seed: int = 0
             arrived[llm.add_request(prompt, greedy(n))] = (arrivals[nxt], n)
             nxt += 1
         start = time.perf_counter()
-        snapshot = llm.step()
+        outputs = llm.step()
         spent = time.perf_counter() - start
         clock, busy = clock + spent, busy + spent
-        for out in snapshot.finished:
-            finished[out.request_id] = clock
+        finished.update((out.request_id, clock) for out in outputs if out.finished)
     latencies = [(finished[rid] - at) / n for rid, (at, n) in arrived.items()]
     return {
         "normalized_latency": sum(latencies) / len(latencies),

@@ -20,8 +20,10 @@ If ``step()`` raises, only the requests that step ran fail: their clients get a 
 requests are aborted (their blocks freed), and the loop goes on with the others. (A step that
 fails while running none of them would only fail again: then every request queued fails.)
 
-What a step did comes from the engine itself: ``StepSnapshot.outputs`` (every request that got a
-token, with its output so far) and, after a failed step, ``llm.failed_request_ids``.
+What a step did comes from its snapshot (:func:`minipaged.viz.snapshot.step_snapshot`, the step
+run and recorded for the projector): its ``outputs`` are what ``llm.step()`` would have returned
+(every request that got a token, with its output so far); after a failed step,
+``llm.failed_request_ids`` names the requests it ran.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from minipaged.engine.outputs import RequestOutput
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.serve.live import LiveState
 from minipaged.serve.protocol import APIError
+from minipaged.viz.snapshot import step_snapshot
 
 log = logging.getLogger("minipaged.serve")
 
@@ -162,7 +165,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
-            snap = self.llm.step()
+            snap = step_snapshot(self.llm)
         except Exception as e:  # one bad step fails its own requests, never the server
             log.exception("engine step %d failed", self.num_steps)
             self.live.totals["failed_steps"] += 1

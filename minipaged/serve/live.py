@@ -16,8 +16,8 @@ import statistics
 from collections import Counter, deque
 
 from minipaged.engine.llm import LLM
-from minipaged.engine.outputs import StepSnapshot
 from minipaged.serve import projector
+from minipaged.viz.snapshot import StepSnapshot, read_pool
 
 FRAME_INTERVAL = 0.2  # seconds between frames while the engine runs: 5 a second
 RATE_WINDOW = 5.0  # seconds of history behind tokens/s and steps/s
@@ -117,17 +117,17 @@ class LiveState:
 
     def _now(self, llm: LLM) -> StepSnapshot:
         """The last step's snapshot brought up to date: requests aborted since are gone, and the
-        pool's ``ref_cnt`` and cached flags are read now (``llm.kv_manager.pool``, paged only)."""
+        pool's ``ref_cnt`` and cached flags are read now (paged only)."""
         base = self.prev or StepSnapshot(
             step=0, scheduled=[], preempted=[], finished=[], waiting=[], running=[], block_tables={}, num_tokens={}
         )
         running = [s.seq_id for s in llm.scheduler.running]
-        pool = getattr(llm.kv_manager, "pool", None)
+        ref_cnt, cached, _ = read_pool(llm) or ([], [], 0)
         return dataclasses.replace(
             base,
             running=running,
             waiting=[s.seq_id for s in llm.scheduler.waiting],
             block_tables={s: base.block_tables[s] for s in running if s in base.block_tables},
-            ref_cnt=[b.ref_cnt for b in pool.blocks] if pool is not None else [],
-            cached=[b.block_hash is not None for b in pool.blocks] if pool is not None else [],
+            ref_cnt=ref_cnt,
+            cached=cached,
         )

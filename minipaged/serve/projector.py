@@ -1,4 +1,4 @@
-"""What the projector page draws, computed from the engine's step snapshots: pure functions.
+"""What the projector page draws, computed from step snapshots (:mod:`minipaged.viz.snapshot`): pure functions.
 
 :func:`step_events` names what a step did to the pool, read off two consecutive
 :class:`StepSnapshot` s (:mod:`minipaged.viz.step_events`), for the page to flash:
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from minipaged.engine.outputs import StepSnapshot
 from minipaged.viz import palette
+from minipaged.viz.snapshot import StepSnapshot
 from minipaged.viz.step_events import step_events as events_between
 
 EVENT_KINDS = ("cow", "hits", "evicted", "preempted")

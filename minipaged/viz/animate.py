@@ -33,7 +33,7 @@ from minipaged.viz.step_events import StepEvents, live, step_events
 if TYPE_CHECKING:
     import ipywidgets
 
-    from minipaged.engine.outputs import StepSnapshot
+    from minipaged.viz.snapshot import StepSnapshot
 
 
 @dataclass
@@ -79,6 +79,18 @@ def _blocks(ids: Sequence[int]) -> str:
     return ("block " if len(ids) == 1 else "blocks ") + ", ".join(map(str, ids))
 
 
+def _admitted(name: str, seq: int, snap: StepSnapshot, ev: StepEvents, block_size: int) -> str:
+    """The clause of a sequence admitted (or resumed) in the step: its prefix hit, what it computes."""
+    hit, work = ev.hits.get(seq, []), next(d for d in snap.scheduled if d["seq_id"] == seq)
+    how = "is admitted" if seq not in ev.arrived else "arrives and is admitted"
+    how = "resumes after preemption" if seq in ev.resumed else how
+    revived = " from the free queue" if set(hit) <= set(ev.revived) else ""
+    what = f"{name} {how}" + (
+        f": {len(hit)} cached blocks hit{revived} ({len(hit) * block_size} tokens)," if hit else ":"
+    )
+    return f"{what} {'recomputes' if seq in ev.resumed else 'prefills'} {work['num_tokens']} tokens"
+
+
 def caption(
     prev: StepSnapshot | None, snap: StepSnapshot, ev: StepEvents, names: Mapping[int, str], block_size: int
 ) -> str:
@@ -102,15 +114,7 @@ def caption(
             f"copy-on-write: {nm(seq)} writes into block {old}, which it shares, so it gets its own copy, "
             f"block {new}" + (f"; {', '.join(keep)} keeps block {old}" if keep else "")
         )
-    for seq in ev.admitted:
-        hit, work = ev.hits.get(seq, []), next(d for d in snap.scheduled if d["seq_id"] == seq)
-        how = "is admitted" if seq not in ev.arrived else "arrives and is admitted"
-        how = "resumes after preemption" if seq in ev.resumed else how
-        revived = " from the free queue" if set(hit) <= set(ev.revived) else ""
-        what = f"{nm(seq)} {how}" + (
-            f": {len(hit)} cached blocks hit{revived} ({len(hit) * block_size} tokens)," if hit else ":"
-        )
-        parts.append(f"{what} {'recomputes' if seq in ev.resumed else 'prefills'} {work['num_tokens']} tokens")
+    parts += [_admitted(nm(seq), seq, snap, ev, block_size) for seq in ev.admitted]
     waiting = [nm(s) for s in ev.arrived if s not in ev.admitted]
     if waiting:
         parts.append(f"{', '.join(waiting)} {'arrives' if len(waiting) == 1 else 'arrive'} and waits")
@@ -156,8 +160,9 @@ def build_frames(
     """A :class:`Movie` with one frame per snapshot (paged cache only: snapshots need ``ref_cnt``).
 
     For a run of your own: ``build_frames(snaps, llm.block_size, llm.num_blocks, "my run")``, where
-    ``snaps`` are what ``llm.step()`` returned, every one from the first step on (a run watched
-    from the middle works too; its first frame simply finds its sequences already there).
+    ``snaps`` are what :func:`~minipaged.viz.snapshot.step_snapshot` returned, every one from the
+    first step on (a run watched from the middle works too; its first frame simply finds its
+    sequences already there).
     """
     names = dict(names or seq_names(snapshots, lambda r: chr(ord("A") + r) if r < 26 else f"R{r}"))  # A, B, ...
     for snap in snapshots:  # sequences never scheduled in these snapshots keep their id
@@ -210,13 +215,14 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any], list[tuple[int, str, str, int]]]
 
 
 def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movie:
-    """Run the embedded model through ``SCENARIOS[which]``, one ``LLM.step()`` per frame.
+    """Run the embedded model through ``SCENARIOS[which]``, one step (``step_snapshot``) per frame.
 
     Requests are added before the step their arrival names (idle stretches are skipped); every
     snapshot is kept, then turned into a :class:`Movie` by :func:`build_frames`.
     """
     from minipaged import LLM, SamplingParams
     from minipaged.tiny.task import prompt_for
+    from minipaged.viz.snapshot import step_snapshot
 
     title, engine, arrivals = SCENARIOS[which]
     llm, pending = LLM(**engine), sorted(arrivals, key=lambda a: a[0])
@@ -228,7 +234,7 @@ def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movi
         while pending and pending[0][0] - skipped <= len(snapshots):
             _, text, preamble, n = pending.pop(0)
             llm.add_request(prompt_for(text, preamble), SamplingParams(temperature=0, max_tokens=max_tokens, n=n))
-        snapshots.append(llm.step())
+        snapshots.append(step_snapshot(llm))
     return build_frames(snapshots, llm.block_size, llm.num_blocks, title, None, engine["max_num_batched_tokens"])
 
 

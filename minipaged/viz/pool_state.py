@@ -17,7 +17,7 @@ Table = Sequence[int] | BlockTable  # block ids, or a BlockTable (its block_ids)
 OwnerLabel = Callable[[Hashable], str]
 
 if TYPE_CHECKING:
-    from minipaged.engine.outputs import StepSnapshot
+    from minipaged.viz.snapshot import StepSnapshot
 
 
 def owners_from_tables(block_tables: Mapping[K, Table]) -> dict[int, list[Hashable]]:

@@ -19,10 +19,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Patch
 
-from minipaged.engine.outputs import StepSnapshot
 from minipaged.utils import cdiv
 from minipaged.viz.palette import MUTED, PAGED, SHARED, Ink, owner_inks
 from minipaged.viz.pool import Labels, PoolState, pool_grid, pool_legend, table_rows, table_width
+from minipaged.viz.snapshot import StepSnapshot
 from minipaged.viz.style import EDGE, FONT_SIZE, MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure, new_grid
 
 if TYPE_CHECKING:

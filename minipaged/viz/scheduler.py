@@ -1,4 +1,5 @@
-"""Stage 5 pictures, from ``StepSnapshot``s (what ``LLM.step()`` returns) and ``LLM.kv_stats()`` dicts.
+"""Stage 5 pictures, from ``StepSnapshot``s (what :func:`~minipaged.viz.snapshot.step_snapshot` returns)
+and ``LLM.kv_stats()`` dicts.
 
 :func:`draw_step`: one step (every sequence's block table and what it did, the queues, the pool; an
 animation frame is this picture with a caption and the step's events on the blocks);
@@ -24,7 +25,7 @@ from minipaged.viz.pool import PoolState, owners_from_tables, pool_grid, pool_le
 from minipaged.viz.style import MAX_HEIGHT, MAX_WIDTH, SMALL, new_figure, new_grid
 
 if TYPE_CHECKING:
-    from minipaged.engine.outputs import StepSnapshot
+    from minipaged.viz.snapshot import StepSnapshot
 
 CAPTION_BOX = dict(boxstyle="round,pad=0.5", fc="#F3F3F3", ec="none")
 

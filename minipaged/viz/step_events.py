@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minipaged.engine.outputs import StepSnapshot
+from minipaged.viz.snapshot import StepSnapshot
 
 
 @dataclass

@@ -10,6 +10,7 @@ from modelkit import random_prompts
 from minipaged import LLM, SamplingParams
 from minipaged.engine.kv_manager import PagedKVManager
 from minipaged.utils import cdiv
+from minipaged.viz.snapshot import step_snapshot
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -71,25 +72,20 @@ def test_memory_pressure_preempts_and_recovers(tiny_model_dir, prompts, alone):
     assert_pool_clean(llm)
 
 
-def test_step_api_snapshots(tiny_model_dir):
+def test_step_returns_the_outputs_of_the_requests_it_advanced(tiny_model_dir):
     llm = LLM(tiny_model_dir, max_model_len=64, block_size=4, num_kvcache_blocks=16)
     a = llm.add_request(list(range(1, 10)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     b = llm.add_request(list(range(20, 25)), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    assert llm.num_steps == 0
     first = llm.step()
-    assert [(s["request_id"], s["kind"], s["num_tokens"]) for s in first.scheduled] == [
-        (a, "prefill", 9),
-        (b, "prefill", 5),
-    ]
-    assert [len(t) for t in first.block_tables.values()] == [3, 2]  # ceil(9/4), ceil(5/4)
-    assert sum(c > 0 for c in first.ref_cnt) == 5 and first.num_free_blocks == 11
+    assert [(o.request_id, len(o.outputs[0].token_ids), o.finished) for o in first] == [(a, 1, False), (b, 1, False)]
     second = llm.step()
-    assert [s["kind"] for s in second.scheduled] == ["decode", "decode"]
-    assert [o.request_id for o in second.finished] == [b]  # its 2nd token: done, blocks freed at once
-    assert list(second.block_tables.values()) == [first.block_tables[first.running[0]]]  # 10 tokens fit in 3
-    assert second.num_free_blocks == 13
+    assert [(o.request_id, o.finished) for o in second] == [(a, False), (b, True)]  # b's 2nd token: done
+    assert second[1].outputs[0].finish_reason == "length" and second[1] == llm.get_output(b)
     third = llm.step()
-    assert third.scheduled[0]["num_tokens"] == 1 and third.finished[0].outputs[0].finish_reason == "length"
-    assert len(third.finished[0].outputs[0].token_ids) == 3
+    assert [o.request_id for o in third] == [a] and third[0] == llm.get_output(a)
+    assert len(third[0].outputs[0].token_ids) == 3 and third[0].finished
+    assert llm.num_steps == 3
     assert_pool_clean(llm)
 
 
@@ -173,7 +169,7 @@ def test_add_request_error_keeps_queued_requests(tiny_model_dir):
         llm.add_request([], GREEDY)
     finished = []
     while llm.has_unfinished_requests():
-        finished += llm.step().finished
+        finished += [o for o in llm.step() if o.finished]
     assert [o.request_id for o in finished] == [rid]
 
 
@@ -230,7 +226,7 @@ def test_random_mixes_never_lose_leak_or_double_hand_a_block(
     rids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
     done = {}
     while llm.has_unfinished_requests():
-        snap = llm.step()
+        snap = step_snapshot(llm)
         done.update({o.request_id: o.outputs[0].token_ids for o in snap.finished})
         held = [b for table in snap.block_tables.values() for b in table]
         assert len(held) == len(set(held)) == llm.kv_manager.pool.num_used_blocks

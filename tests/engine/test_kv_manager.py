@@ -72,6 +72,11 @@ def refs(kv: PagedKVManager, pool=None) -> list[int]:
     return [b.ref_cnt for b in (pool or kv.pool).blocks]
 
 
+def pool_view(kv: PagedKVManager) -> tuple[list[int], list[bool], int]:
+    """The pool as a snapshot reads it: every block's ref_cnt, whether it is cached, the free count."""
+    return refs(kv), [b.block_hash is not None for b in kv.pool.blocks], kv.pool.num_free_blocks
+
+
 # -- growth --------------------------------------------------------------------------------
 def test_block_ids_grow_one_block_when_the_last_one_fills():
     kv = manager()
@@ -260,7 +265,7 @@ def test_a_block_is_published_when_the_step_that_fills_it_commits():
     assert [b.block_hash for b in tx.staged] == a.block_hashes[:1]
     tx.commit()  # the forward wrote block 0's K/V
     assert kv.stats()["cached_blocks"] == 1  # block 0 full after this step, block 1 not
-    assert kv.pool_view()[1][:2] == [True, False]
+    assert pool_view(kv)[1][:2] == [True, False]
     assert a.block_hashes == chain_hashes(list(range(1, 5)), BS)
 
 
@@ -274,7 +279,7 @@ def test_a_failed_step_publishes_nothing():
     assert a.block_table.block_ids == [0, 1, 2, 3] and len(tx.staged) == 2
     tx.rollback()  # the step failed
     assert kv.stats()["cached_blocks"] == 1 and not tx.staged
-    assert kv.pool_view()[1][:4] == [True, False, False, False]
+    assert pool_view(kv)[1][:4] == [True, False, False, False]
     assert [kv.pool.blocks[b].block_hash is None for b in (1, 2)] == [True, True]
     late = seq(range(1, 14))
     assert admit(kv, late) == 4  # only the block written by the earlier step is a hit
@@ -292,7 +297,7 @@ def test_mark_written_records_the_peak():
     kv.free(a)
     kv.mark_written()
     assert kv.slots_allocated() == 0 and kv.peak_slots_allocated == 12
-    assert kv.pool_view() == ([0] * 8, [True, True] + [False] * 6, 8)  # cached blocks stay cached
+    assert pool_view(kv) == ([0] * 8, [True, True] + [False] * 6, 8)  # cached blocks stay cached
 
 
 def test_a_request_admitted_later_in_the_step_shares_what_it_stages():
@@ -440,7 +445,7 @@ def test_stats_and_pool_view():
         swapped_out_blocks=0,
         swapped_in_blocks=0,
     )
-    assert kv.pool_view() == ([2, 1, 1, 0, 0, 0, 0, 0], [True] + [False] * 7, 5)
+    assert pool_view(kv) == ([2, 1, 1, 0, 0, 0, 0, 0], [True] + [False] * 7, 5)
 
 
 def test_block_ids_are_the_blocks_of_the_first_tokens_and_a_copy():
@@ -490,6 +495,5 @@ def test_the_step_interface_is_what_both_layouts_offer_and_nothing_more():
         "swap_out",
         "can_swap_in",
         "swap_in",
-        "pool_view",
     ):
         assert not hasattr(contiguous, name) and hasattr(manager(), name), name

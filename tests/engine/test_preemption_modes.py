@@ -9,6 +9,7 @@ from modelkit import random_prompts
 
 from minipaged import LLM, SamplingParams
 from minipaged.engine.contiguous_manager import reservation
+from minipaged.viz.snapshot import step_snapshot
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=3, n=3, max_tokens=10, ignore_eos=True)
@@ -56,7 +57,7 @@ def test_swapped_sequences_resume_before_waiting_ones(tiny_model_dir):
     a, b = (llm.add_request(p, params) for p in ([1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14]))
     swapped_at = None
     while llm.has_unfinished_requests():
-        snap = llm.step()
+        snap = step_snapshot(llm)
         if snap.swapped and swapped_at is None:
             swapped_at = snap.step
             c = llm.add_request([20, 21, 22], params)  # arrives while b is in host memory
@@ -85,7 +86,8 @@ def test_orca_baselines_keep_the_tokens_and_differ_in_memory(tiny_model_dir):
         running = []
         ids = [llm.add_request(p, params) for p in prompts]
         while llm.has_unfinished_requests():
-            running.append(len(llm.step().running))
+            llm.step()
+            running.append(len(llm.scheduler.running))
         assert tokens([llm.get_output(i) for i in ids]) == want, policy
         peaks[policy] = max(running)
     # 160 slots: Max fits 160 // 64 = 2 sequences, Pow2 (32 slots each) 5, Oracle (12-29) more

@@ -53,10 +53,10 @@ def test_each_step_hands_back_the_requests_it_advanced(llm):
     texts: dict[int, list[str]] = {a: [], b: []}
     finished = []
     while llm.has_unfinished_requests():
-        snap = llm.step()
-        for out in snap.outputs:
+        outputs = llm.step()
+        for out in outputs:
             texts[out.request_id].append(out.outputs[0].text)
-        finished += [o.request_id for o in snap.finished]
+        finished += [o.request_id for o in outputs if o.finished]
     assert texts[a] == ["a", "ab", "abc", "abc"]  # the last step appended the EOS: text unchanged, finished
     assert texts[b] == ["a", "a ", "a l", "a lo", "a lon", "a long"]
     assert finished == [a, b]

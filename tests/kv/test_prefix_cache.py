@@ -148,8 +148,7 @@ def test_random_shared_prefix_mixes(tiny_model_dir, seed, num_blocks, block_size
     rids = [on.add_request(p, sp) for p, sp in zip(prompts, params)]
     done = {}
     while on.has_unfinished_requests():
-        for out in on.step().finished:
-            done[out.request_id] = [c.token_ids for c in out.outputs]
+        done.update((o.request_id, [c.token_ids for c in o.outputs]) for o in on.step() if o.finished)
         live_sharing_is_consistent(on)
         on.kv_manager.pool.check_invariants()
     assert sorted(done) == rids  # never a lost request

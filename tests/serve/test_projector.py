@@ -10,12 +10,13 @@ from minipaged import LLM, SamplingParams
 from minipaged.serve import projector
 from minipaged.serve.deltas import TextStream, sendable
 from minipaged.tiny import task
+from minipaged.viz.snapshot import step_snapshot
 
 
 def run(llm: LLM) -> list:
     snaps = []
     while llm.has_unfinished_requests():
-        snaps.append(llm.step())
+        snaps.append(step_snapshot(llm))
     return snaps
 
 
@@ -50,7 +51,7 @@ def test_prefix_hits_and_evictions_are_seen_by_comparing_snapshots():
 def test_a_frame_shows_every_block_owner_and_queue():
     llm = LLM(num_kvcache_blocks=16, max_num_seqs=2)
     ids = [llm.add_request(task.prompt_for(t, "x" * 30), SamplingParams(temperature=0, max_tokens=8)) for t in "abc"]
-    snap = llm.step()
+    snap = step_snapshot(llm)
     seqs = {s.seq_id: (s.request_id, s.sample_index) for s in [*llm.scheduler.running, *llm.scheduler.waiting]}
     labels = {ids[0]: "ana"}
     frame = projector.frame(snap, seqs, labels, projector.no_events(), {"x": 1}, llm.num_blocks, llm.block_size)

@@ -7,11 +7,11 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch
 
-from minipaged import StepSnapshot
 from minipaged.kv.block_pool import BlockPool
 from minipaged.kv.block_table import BlockTable
 from minipaged.viz.palette import SEQUENCE_COLORS, SHARED, Ink
 from minipaged.viz.pool import PoolState, draw_block_tables, draw_pool, owners_from_tables
+from minipaged.viz.snapshot import StepSnapshot
 
 
 def patches(fig: Figure, gid: str) -> list:

@@ -17,6 +17,7 @@ from minipaged.viz.prefix import (
     draw_shared_pool,
     sharing_summary,
 )
+from minipaged.viz.snapshot import step_snapshot
 from minipaged.viz.style import save_figure
 
 BLOCK = 4
@@ -57,7 +58,7 @@ def shared_snapshot(tiny_model_dir):
     llm.step()
     for tail in TAILS[1:]:
         llm.add_request(PREFIX + tail, sp)
-    snap = llm.step()
+    snap = step_snapshot(llm)
     assert llm.kv_stats()["prefix_hit_tokens"] == 2 * len(PREFIX)
     return snap
 
@@ -67,7 +68,7 @@ def cow_frames(tiny_model_dir):
     """n=3 samples of a 6-token prompt: they share its partial second block, then copy it."""
     llm = LLM(tiny_model_dir, block_size=BLOCK, num_kvcache_blocks=16, max_model_len=64, enable_prefix_caching=True)
     llm.add_request([1, 2, 3, 4, 5, 6], SamplingParams(temperature=1.0, seed=0, n=3, max_tokens=6, ignore_eos=True))
-    frames = [llm.step() for _ in range(3)]
+    frames = [step_snapshot(llm) for _ in range(3)]
     assert llm.kv_stats()["cow_copies"] == 2
     return frames
 

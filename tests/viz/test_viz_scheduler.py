@@ -17,6 +17,7 @@ from minipaged.viz.scheduler import (
     during_steps,
     seq_names,
 )
+from minipaged.viz.snapshot import step_snapshot
 from minipaged.viz.style import save_figure
 
 
@@ -33,7 +34,7 @@ def drive(llm: LLM, prompts: list[list[int]]) -> tuple[list, list[dict]]:
         llm.add_request(p, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     snaps, stats = [], []
     while llm.has_unfinished_requests():
-        snaps.append(llm.step())
+        snaps.append(step_snapshot(llm))
         stats.append(llm.kv_stats())
     return snaps, stats
 
