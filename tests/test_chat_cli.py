@@ -74,7 +74,12 @@ def test_ctrl_c_stops_the_answer_and_the_session_goes_on(real_model):
     pexpect = pytest.importorskip("pexpect")
     command = chat_command(real_model, "--max-tokens", "200")
     env = {**os.environ, "TERM": "dumb"}
-    child = pexpect.spawn(command[0], command[1:], env=env, encoding="utf-8", timeout=TIMEOUT)
+    # As a terminal starts it: with Ctrl-C's default action, even when these tests run from a shell
+    # that ignores SIGINT (a background job does), which the chat would inherit.
+    child = pexpect.spawn(
+        command[0], command[1:], env=env, encoding="utf-8", timeout=TIMEOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     try:
         child.expect_exact("you> ")
         stopped = False

@@ -25,6 +25,7 @@ prompt on its own.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Collection
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from minipaged.engine.scheduler import Scheduler
 
 
-class RequestGroup:
+class RequestGroup(ABC):
     """What every kind of request shares: its prompt, its sequences, its output.
 
     ``seqs``: the sequences the request started with, in sample order (a beam search: its first
@@ -87,10 +88,11 @@ class RequestGroup:
     # -- after the step --------------------------------------------------------------------
     def fork(self, scheduler: Scheduler, sampled_by: Collection[int]) -> None:
         """New members share their parent's blocks (``sampled_by``: ids of the step's samplers)."""
+        return None  # by default nothing forks here (a beam search forks its beams in ``settle``)
 
+    @abstractmethod
     def receive(self, scheduler: Scheduler, seq: Sequence, sampled: SamplerOutput, i: int) -> list[Sequence]:
         """Apply ``seq``'s sample ``i``; returns the sequences that moved on."""
-        raise NotImplementedError
 
     def settle(self, scheduler: Scheduler) -> list[Sequence]:
         """Once every row is received: what a group decides over all of them."""
