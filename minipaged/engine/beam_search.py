@@ -78,6 +78,7 @@ class BeamGroup(RequestGroup):
     """The state of one beam search: its live beams (best first) and its finished ones."""
 
     streams = False
+    params: BeamSearchParams
 
     @classmethod
     def create(
@@ -104,7 +105,6 @@ class BeamGroup(RequestGroup):
     ) -> None:
         first = Sequence(request_id, prompt_token_ids, params, block_size)
         super().__init__(request_id, prompt, prompt_token_ids, params, [first])
-        self.beam_params = params
         self.num_candidates = 2 * params.beam_width
         self.eos = frozenset(eos_token_ids)
         self.live: list[Sequence] = [first]
@@ -136,7 +136,7 @@ class BeamGroup(RequestGroup):
         return list(self.live)
 
     def seats(self, unit: list[Sequence]) -> int:
-        return self.beam_params.beam_width
+        return self.params.beam_width
 
     def plan(self, unit: list[Sequence], computed: Seq[int], budget: int) -> list[int] | None:
         return lockstep_plan([len(s) - c for s, c in zip(unit, computed)], budget)
@@ -187,7 +187,7 @@ class BeamGroup(RequestGroup):
 
     # -- the rule --------------------------------------------------------------------------
     def _score(self, num_tokens: int, last: int, cum: float) -> float:
-        return beam_score(num_tokens, last, cum, self.eos, self.beam_params.length_penalty)
+        return beam_score(num_tokens, last, cum, self.eos, self.params.length_penalty)
 
     def select(self, candidates: list[list[tuple[int, float]]]) -> list[tuple[int, int, float]]:
         """Candidates ``[(token, logprob), ...]`` of each live beam (in ``live`` order, most likely
@@ -197,22 +197,22 @@ class BeamGroup(RequestGroup):
         for i, (beam, cands) in enumerate(zip(self.live, candidates)):
             for token, logprob in cands:
                 cum = beam.cum_logprob + logprob
-                if token in self.eos and not self.beam_params.ignore_eos:
+                if token in self.eos and not self.params.ignore_eos:
                     self.completed.append(BeamSearchSequence(beam.output_token_ids + [token], cum, "stop"))
                 else:
                     proposals.append((i, token, cum))
         n = len(self.live[0]) + 1  # every live beam has the same length
         proposals.sort(key=lambda p: self._score(n, p[1], p[2]), reverse=True)  # stable, as vLLM's sorted()
         self.num_steps += 1
-        return proposals[: self.beam_params.beam_width]
+        return proposals[: self.params.beam_width]
 
     @property
     def done(self) -> bool:
-        return not self.live or self.num_steps >= self.beam_params.max_tokens
+        return not self.live or self.num_steps >= self.params.max_tokens
 
     def result(self) -> list[BeamSearchSequence]:
         """Finished and live beams ranked; the best ``beam_width``."""
         ranked = self.completed + [BeamSearchSequence(b.output_token_ids, b.cum_logprob, "length") for b in self.live]
         prompt = self.num_prompt_tokens
         ranked.sort(key=lambda s: self._score(prompt + len(s.token_ids), s.token_ids[-1], s.cum_logprob), reverse=True)
-        return ranked[: self.beam_params.beam_width]
+        return ranked[: self.params.beam_width]

@@ -132,6 +132,8 @@ def seeded_generator(params: SamplingParams, sample_index: int) -> torch.Generat
 class SampleGroup(RequestGroup):
     """``n`` samples of one prompt (see the module docstring); ``can_fork``: the cache shares blocks."""
 
+    params: SamplingParams
+
     @classmethod
     def create(
         cls,
@@ -160,7 +162,6 @@ class SampleGroup(RequestGroup):
             for i in range(params.n)
         ]
         super().__init__(request_id, prompt, prompt_token_ids, params, seqs)
-        self.sampling_params = params
         self.unforked = seqs[1:] if can_fork else []  # fork from seqs[0] once its prompt is done
 
     def queue(self) -> list[Sequence]:
@@ -200,7 +201,7 @@ class SampleGroup(RequestGroup):
 
     def receive(self, scheduler: Scheduler, seq: Sequence, sampled: SamplerOutput, i: int) -> list[Sequence]:
         seq.token_ids.append(sampled.token_ids[i])
-        reason = scheduler.stop.check(seq, self.sampling_params)
+        reason = scheduler.stop.check(seq, self.params)
         if reason is not None:
             scheduler.finish(seq, reason)
         return [seq]
