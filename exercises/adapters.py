@@ -19,9 +19,8 @@ import torch
 from exercises.launchers import paged_decode_attention as launch_decode
 from exercises.stage4_triton import store_kvcache as launch_store
 from minipaged.attention import reference
-from minipaged.attention.backends import TorchBackend
-from minipaged.attention.batched import BatchPlan
-from minipaged.attention.metadata import PagedMetadata
+from minipaged.attention.batched import BatchPlan, TorchBackend
+from minipaged.attention.cache_attention import PagedMetadata
 from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.kv_manager import PagedKVManager
 from minipaged.engine.scheduler import Scheduler

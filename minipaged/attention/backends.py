@@ -3,33 +3,33 @@
 Every layer of a paged cache does the same two things each step: write the new tokens' K/V
 (``store_kvcache``), then ``attend`` through the block tables, whatever mix of prompts, chunks
 and single decode tokens the step brings. Before the first layer, ``plan`` turns the step's
-:class:`~minipaged.attention.metadata.PagedMetadata` into whatever the backend wants to compute
+:class:`~minipaged.attention.cache_attention.PagedMetadata` into whatever the backend wants to compute
 once per step rather than once per layer (and a backend with a faster path for some steps, as
 Triton's decode kernel for steps of one token per sequence, decides there which one the step
 takes). :class:`AttentionBackend` is that interface:
 
-- ``"reference"``: :class:`ReferenceBackend`, the per-sequence oracle every other backend is
-  tested against (:mod:`minipaged.attention.reference`; slow, readable);
-- ``"torch"``: :class:`TorchBackend`, the whole batch in a few tensor ops
-  (:mod:`minipaged.attention.batched`), the CPU default;
+- ``"reference"``: :class:`~minipaged.attention.reference.ReferenceBackend`, the per-sequence
+  oracle every other backend is tested against (slow, readable);
+- ``"torch"``: :class:`~minipaged.attention.batched.TorchBackend`, the whole batch in a few
+  tensor ops, the CPU default;
 - ``"triton"``: ``minipaged.kernels.TritonBackend`` (compiled on a GPU, Triton's interpreter on
   a CPU);
 - ``"auto"``: Triton on a CUDA device, torch elsewhere (:func:`resolve_backend`).
 
-Building the chosen one is :func:`minipaged.kernels.choose.get_backend`'s job: the kernels
-package sits above this one, and imports Triton only when it is chosen.
+Each backend lives beside the functions it calls (as vLLM keeps one backend a file); this
+module holds the interface they share. Building the chosen one is
+:func:`minipaged.kernels.choose.get_backend`'s job: the kernels package sits above this one,
+and imports Triton only when it is chosen.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import Tensor
 
-from minipaged.attention import batched, reference
-from minipaged.attention.batched import BatchPlan
-from minipaged.attention.metadata import PagedMetadata
+if TYPE_CHECKING:
+    from minipaged.attention.cache_attention import PagedMetadata
 
 BACKENDS = ("reference", "torch", "triton", "auto")
 
@@ -53,39 +53,6 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor:
         """The packed queries attend to their sequences' paged K/V -> ``[num_tokens, num_heads, head_dim]``."""
         ...
-
-
-class ReferenceBackend:
-    """The oracle: one sequence at a time, in plain PyTorch. Its prefill rule covers decode (a
-    sequence with one new token is a prefill of length 1), so every step takes the same path."""
-
-    name = "reference"
-    store_kvcache = staticmethod(reference.store_kvcache)
-
-    def plan(self, meta: PagedMetadata, block_size: int) -> None:
-        return None
-
-    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: None) -> Tensor:
-        return reference.paged_prefill_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens
-        )
-
-
-class TorchBackend:
-    """The whole batch at once; its row layout and masks depend on the lengths only, so they are
-    planned once per step (:func:`~minipaged.attention.batched.plan_batch`, which also keeps
-    decode rows apart from prefill rows)."""
-
-    name = "torch"
-    store_kvcache = staticmethod(batched.store_kvcache)
-
-    def plan(self, meta: PagedMetadata, block_size: int) -> BatchPlan:
-        return batched.plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, block_size)
-
-    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: BatchPlan) -> Tensor:
-        return batched.paged_prefill_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, plan=plan
-        )
 
 
 def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:

@@ -14,7 +14,7 @@ so the cost of a layer no longer grows with a Python loop over sequences:
 4. **one** attention call (query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``):
    ``F.scaled_dot_product_attention`` with ``enable_gqa`` for prefill; for decode the query
    heads sharing a KV head are laid out as the rows of one attention, written out as two
-   matrix products and a softmax (:func:`_decode_attention`), softmax in fp32;
+   matrix products and a softmax, in fp32;
 5. the padded output is packed back.
 
 Decode rows (``q_len == 1``) are kept apart from prefill rows: padded to a long prompt's
@@ -29,9 +29,9 @@ computes them once per step, and every layer reuses the :class:`BatchPlan`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,17 @@ import torch.nn.functional as F
 from minipaged.attention import reference
 from minipaged.utils import cdiv
 
-__all__ = ["BatchPlan", "plan_batch", "store_kvcache", "paged_prefill_attention", "paged_decode_attention"]
+if TYPE_CHECKING:
+    from minipaged.attention.cache_attention import PagedMetadata
+
+__all__ = [
+    "BatchPlan",
+    "TorchBackend",
+    "plan_batch",
+    "store_kvcache",
+    "paged_prefill_attention",
+    "paged_decode_attention",
+]
 
 
 @dataclass
@@ -76,10 +86,6 @@ class BatchPlan:
     prefill: list[RowGroup]
     one_token: bool
 
-    @property
-    def groups(self) -> list[RowGroup]:
-        return self.decode + self.prefill
-
 
 def _group(
     seqs: list[int],
@@ -92,46 +98,34 @@ def _group(
     device = block_tables.device
     if len(seqs) == len(q_lens) == sum(q_lens):  # a pure decode step: the common case, kept cheap
         ctx = torch.tensor(context_lens, dtype=torch.long, device=device)
-        num_blocks = cdiv(max(context_lens), block_size)
-        every = torch.arange(len(seqs), device=device)
-        hidden = torch.arange(num_blocks * block_size, device=device)[None, :] >= ctx[:, None]
-        return RowGroup(
-            seqs=every,
-            rows=every,
-            flat=every,
-            blocks=block_tables[:, :num_blocks].long().flatten(),
-            bias=_bias(hidden[:, None, None, :]),
-            max_q_len=1,
-            num_blocks=num_blocks,
-            all_rows=True,
-        )
-    ql = torch.tensor([q_lens[s] for s in seqs], dtype=torch.long)
-    ctx = torch.tensor([context_lens[s] for s in seqs], dtype=torch.long)
-    first = torch.tensor([starts[s] for s in seqs], dtype=torch.long)
-    max_q = int(ql.max())
-    num_blocks = cdiv(int(ctx.max()), block_size)
-    g = torch.repeat_interleave(torch.arange(len(seqs)), ql)  # group member of each packed row
-    i = torch.arange(int(ql.sum())) - torch.repeat_interleave(torch.cumsum(ql, 0) - ql, ql)  # row within its seq
-    rows = first[g] + i
-    key = torch.arange(num_blocks * block_size)
-    last_visible = (ctx - ql)[:, None] + torch.arange(max_q)[None, :]  # [g, max_q]
-    hidden = key[None, None, :] > last_visible[:, :, None]
-    seq_ids = torch.tensor(seqs, dtype=torch.long, device=device)
+        num_blocks, max_q = cdiv(max(context_lens), block_size), 1
+        seq_ids = rows = flat = torch.arange(len(seqs), device=device)
+        tables, all_rows = block_tables[:, :num_blocks], True
+        hidden = (torch.arange(num_blocks * block_size, device=device)[None, :] >= ctx[:, None])[:, None, None, :]
+    else:
+        ql = torch.tensor([q_lens[s] for s in seqs], dtype=torch.long)
+        ctx = torch.tensor([context_lens[s] for s in seqs], dtype=torch.long)
+        first = torch.tensor([starts[s] for s in seqs], dtype=torch.long)
+        max_q = int(ql.max())
+        num_blocks = cdiv(int(ctx.max()), block_size)
+        g = torch.repeat_interleave(torch.arange(len(seqs)), ql)  # group member of each packed row
+        i = torch.arange(int(ql.sum())) - torch.repeat_interleave(torch.cumsum(ql, 0) - ql, ql)  # row within its seq
+        rows, flat = (first[g] + i).to(device), (g * max_q + i).to(device)
+        last_visible = (ctx - ql)[:, None] + torch.arange(max_q)[None, :]  # [g, max_q]
+        hidden = (torch.arange(num_blocks * block_size)[None, None, :] > last_visible[:, :, None])[:, None].to(device)
+        seq_ids = torch.tensor(seqs, dtype=torch.long, device=device)
+        tables, all_rows = block_tables[seq_ids, :num_blocks], False
     return RowGroup(
         seqs=seq_ids,
-        rows=rows.to(device),
-        flat=(g * max_q + i).to(device),
-        blocks=block_tables[seq_ids, :num_blocks].long().flatten(),
-        bias=_bias(hidden[:, None].to(device)),
+        rows=rows,
+        flat=flat,
+        blocks=tables.long().flatten(),
+        # the additive mask: -inf where a key is hidden from a query, 0 where it is visible
+        bias=torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf")),
         max_q_len=max_q,
         num_blocks=num_blocks,
-        all_rows=False,
+        all_rows=all_rows,
     )
-
-
-def _bias(hidden: torch.Tensor) -> torch.Tensor:
-    """The additive mask: -inf where a key is hidden from a query, 0 where it is visible."""
-    return torch.zeros(hidden.shape, device=hidden.device).masked_fill_(hidden, float("-inf"))
 
 
 def plan_batch(
@@ -144,12 +138,13 @@ def plan_batch(
         starts.append(starts[-1] + n)
     decode = [s for s, n in enumerate(q_lens) if n == 1]
     prefill = [s for s, n in enumerate(q_lens) if n > 1]
-
-    def groups(seqs: list[int], min_size: int) -> list[RowGroup]:
-        parts = split_by_length(seqs, q_lens, context_lens, block_size, min_size)
-        return [_group(p, q_lens, context_lens, starts, block_tables, block_size) for p in parts if p]
-
-    return BatchPlan(groups(decode, 4), groups(prefill, 2), one_token=len(decode) == len(q_lens))
+    decode_parts = split_by_length(decode, q_lens, context_lens, block_size, min_size=4)
+    prefill_parts = split_by_length(prefill, q_lens, context_lens, block_size, min_size=2)
+    return BatchPlan(
+        [_group(p, q_lens, context_lens, starts, block_tables, block_size) for p in decode_parts if p],
+        [_group(p, q_lens, context_lens, starts, block_tables, block_size) for p in prefill_parts if p],
+        one_token=len(decode) == len(q_lens),
+    )
 
 
 def split_by_length(
@@ -214,30 +209,6 @@ def _gather(cache: torch.Tensor, grp: RowGroup) -> torch.Tensor:
 SMALL_DECODE = 2**20  # cached numbers (K of a group) under which decode attention runs on one thread
 
 
-@contextmanager
-def _threads(n: int) -> Iterator[None]:
-    """Run the block on ``n`` intra-op threads, then restore the count (a switch costs < 1 us)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float | None
-) -> torch.Tensor:
-    """softmax(q k^T * scale + bias) v, written out: q [g, kv_heads, group, d], k, v [g, kv_heads, keys, d].
-
-    SDPA's CPU kernel splits even a one-row decode over every thread and waits for all of them;
-    on a shared machine that wait cost milliseconds a layer (16 ms against 0.1 ms for these three
-    products at one row on 2 busy cores), and at 32 rows the products were faster too.
-    """
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5 if scale is None else scale)
-    return torch.matmul(scores.add_(bias).softmax(dim=-1), v)
-
-
 def _attend_group(
     out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, grp: RowGroup, scale: float | None
 ) -> None:
@@ -251,10 +222,17 @@ def _attend_group(
         # that head's keys ([g, kv_heads, group, d]); twice as fast here as SDPA's enable_gqa.
         qd = q if grp.all_rows else q[grp.rows]  # a pure decode step needs no gather
         qd = qd.float().view(g, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        # These products are small; split over threads, each one waits for every thread, which on
-        # busy cores cost ~4 ms a call (one row, 2 threads): one thread is 15-30x faster there.
-        with _threads(1 if k.numel() < SMALL_DECODE else torch.get_num_threads()):
-            o = _decode_attention(qd, k, v, grp.bias, scale).reshape(g, num_heads, head_dim)
+        # softmax(q k^T * scale + bias) v, written out rather than SDPA: its CPU kernel splits even a
+        # one-row decode over every thread and waits for all of them, which on a shared machine
+        # cost milliseconds a layer (16 ms against 0.1 ms for these products at one row on 2 busy
+        # cores). Small products run on one thread for the same reason (a switch costs < 1 us).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1 if k.numel() < SMALL_DECODE else threads)
+        try:
+            scores = torch.matmul(qd, k.transpose(-1, -2)).mul_(head_dim**-0.5 if scale is None else scale)
+            o = torch.matmul(scores.add_(grp.bias).softmax(dim=-1), v).reshape(g, num_heads, head_dim)
+        finally:
+            torch.set_num_threads(threads)
         if grp.all_rows:
             out.copy_(o)
         else:
@@ -266,6 +244,33 @@ def _attend_group(
     qp = qp.view(g, grp.max_q_len, num_heads, head_dim).transpose(1, 2)  # [g, heads, max_q, d]
     o = F.scaled_dot_product_attention(qp, k, v, attn_mask=grp.bias, scale=scale, enable_gqa=gqa)
     out[grp.rows] = o.transpose(1, 2).reshape(-1, num_heads, head_dim)[grp.flat].to(out.dtype)
+
+
+class TorchBackend:
+    """This module as an attention backend (:mod:`minipaged.attention.backends`): the row layout
+    and masks depend on the lengths only, so they are planned once per step (:func:`plan_batch`,
+    which also keeps decode rows apart from prefill rows); each layer then attends group by group."""
+
+    name = "torch"
+    store_kvcache = staticmethod(store_kvcache)
+
+    def plan(self, meta: PagedMetadata, block_size: int) -> BatchPlan:
+        return plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, block_size)
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: BatchPlan
+    ) -> torch.Tensor:
+        return _attend_planned(q, k_cache, v_cache, plan, None)
+
+
+def _attend_planned(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: BatchPlan, scale: float | None
+) -> torch.Tensor:
+    """The packed queries ``q`` attend group by group, as ``plan`` lays them out."""
+    out = torch.empty_like(q)
+    for grp in plan.decode + plan.prefill:
+        _attend_group(out, q, k_cache, v_cache, grp, scale)
+    return out
 
 
 def paged_prefill_attention(
@@ -293,15 +298,6 @@ def paged_prefill_attention(
     return _attend_planned(q, k_cache, v_cache, plan, scale)
 
 
-def _attend_planned(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: BatchPlan, scale: float | None
-) -> torch.Tensor:
-    out = torch.empty_like(q)
-    for grp in plan.groups:
-        _attend_group(out, q, k_cache, v_cache, grp, scale)
-    return out
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -313,7 +309,5 @@ def paged_decode_attention(
     plan: BatchPlan | None = None,
 ) -> torch.Tensor:
     """One new query token per sequence: q: [num_seqs, num_heads, head_dim] -> same shape."""
-    if plan is not None:  # planned already (plan_batch): no packing to describe, the plan has it
-        return _attend_planned(q, k_cache, v_cache, plan, scale)
     cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    return paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, plan=plan)

@@ -14,9 +14,14 @@ query head ``h`` to KV head ``h // (num_heads // num_kv_heads)``. Scores and sof
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from minipaged.utils import cdiv
+
+if TYPE_CHECKING:
+    from minipaged.attention.cache_attention import PagedMetadata
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
@@ -125,3 +130,20 @@ def paged_decode_attention(
     """
     cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+
+
+class ReferenceBackend:
+    """The oracle as an attention backend (:mod:`minipaged.attention.backends`): one sequence at a
+    time. Its prefill rule covers decode (a sequence with one new token is a prefill of length 1),
+    so every step takes the same path."""
+
+    name = "reference"
+    store_kvcache = staticmethod(store_kvcache)
+
+    def plan(self, meta: PagedMetadata, block_size: int) -> None:
+        return None
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: None
+    ) -> torch.Tensor:
+        return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens)

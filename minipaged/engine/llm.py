@@ -38,11 +38,10 @@ from minipaged.engine.messages import Conversation, as_conversations, render, te
 from minipaged.engine.model_runner import ModelRunner
 from minipaged.engine.outputs import RequestOutput
 from minipaged.engine.plugins import EnginePlugins
-from minipaged.engine.request_group import RequestGroup
+from minipaged.engine.request_group import RequestGroup, StopChecker
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence
-from minipaged.engine.stop import StopChecker
 from minipaged.model.loader import load_model
 
 log = logging.getLogger("minipaged")
@@ -152,8 +151,8 @@ class LLM:
         ``failed_request_ids`` lists the requests that the failed step ran.
         """
         _, progressed = self.run_step()
-        requests = sorted({s.request_id for s in progressed if self._requests[s.request_id].streams})
-        return [self.get_output(r) for r in requests]
+        groups = {s.request_id: self._requests[s.request_id] for s in progressed}
+        return [groups[r].output(self.tokenizer) for r in sorted(groups) if groups[r].streams]
 
     def run_step(self) -> tuple[ScheduledBatch, list[Sequence]]:
         """One step: the batch it ran and the sequences it moved on (no outputs are built).

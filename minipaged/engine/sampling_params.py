@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Below this temperature sampling is greedy: dividing logits by a vanishing temperature would
 # overflow to inf and give NaN probabilities (vLLM draws the line at the same value).
@@ -51,6 +51,8 @@ class SamplingParams:
     n: int = 1
     stop: str | Sequence[str] | None = None
     stop_token_ids: Sequence[int] | None = None
+    # Derived from temperature once, when the params are made (the sampler reads it every step).
+    greedy: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature)
@@ -78,10 +80,7 @@ class SamplingParams:
         for i, t in enumerate(ids):
             _check_int(f"stop_token_ids[{i}]", t, 0)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
+        object.__setattr__(self, "greedy", self.temperature < GREEDY_BELOW)
 
 
 @dataclass(frozen=True)

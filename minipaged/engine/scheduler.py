@@ -36,10 +36,9 @@ from collections.abc import Callable
 
 from minipaged.engine.batch import SamplerOutput, ScheduledBatch
 from minipaged.engine.kv_manager import KVManager, PagedKVManager
-from minipaged.engine.request_group import RequestGroup
+from minipaged.engine.request_group import RequestGroup, StopChecker
 from minipaged.engine.sequence import Sequence, Status
 from minipaged.engine.step_transaction import PrefixHit, StepTransaction
-from minipaged.engine.stop import StopChecker
 
 
 class Scheduler:
@@ -166,7 +165,10 @@ class Scheduler:
                 break
             hits = [self.paged.prefix_hit(s, tx) if self.paged else PrefixHit() for s in unit]
             plan = group.plan(unit, [len(h.blocks) * self.kv.table_block_size for h in hits], budget)
-            if plan is None or not self._fits(unit, hits, plan):
+            if plan is None:
+                break
+            fits = self.paged.can_admit(unit, hits, plan) if self.paged else self.kv.can_schedule(unit, plan)
+            if not fits:
                 break  # the unit waits, and nothing changed
             for s, hit in zip(unit, hits):
                 self.waiting.popleft()
@@ -174,9 +176,6 @@ class Scheduler:
             self.start(unit)
             taken += group.seats(unit)
             budget -= self._add_to_batch(unit, plan, tx)
-
-    def _fits(self, unit: list[Sequence], hits: list[PrefixHit], plan: list[int]) -> bool:
-        return self.paged.can_admit(unit, hits, plan) if self.paged else self.kv.can_schedule(unit, plan)
 
     def _take_hit(self, seq: Sequence, hit: PrefixHit, held: bool) -> None:
         """Admitted ``seq`` takes its prefix hit (``held``: already taken by :meth:`match_waiting`)."""

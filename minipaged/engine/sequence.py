@@ -4,7 +4,8 @@ A request becomes one or more sequences, held by its request group
 (:mod:`~minipaged.engine.request_group`): ``n`` samples, or the live beams of a beam search.
 Who writes what: the scheduler writes a sequence's ``status`` and its token counters; its group
 appends its tokens (and a beam's ``cum_logprob``); the KV manager writes its ``block_table`` and
-``block_hashes``; the stop rules (:mod:`~minipaged.engine.stop`) its ``stop_reason`` and ``text_len``.
+``block_hashes``; the stop rules (:class:`~minipaged.engine.request_group.StopChecker`) its
+``stop_reason`` and ``text_len``.
 """
 
 from __future__ import annotations

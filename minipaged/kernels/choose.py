@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from minipaged.attention.backends import AttentionBackend, ReferenceBackend, TorchBackend, resolve_backend
+from minipaged.attention.backends import AttentionBackend, resolve_backend
+from minipaged.attention.batched import TorchBackend
+from minipaged.attention.reference import ReferenceBackend
 
 
 def get_backend(name: str, device: torch.device | str = "cpu") -> AttentionBackend:

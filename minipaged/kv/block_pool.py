@@ -165,17 +165,12 @@ class BlockPool:
             raise NoFreeBlocksError(f"asked for {n} blocks, only {self.num_free_blocks} free of {self.num_blocks}")
         blocks = [self.free_queue.popleft() for _ in range(n)]
         for block in blocks:
-            self._evict_if_cached(block)
+            if block.block_hash is not None:  # stage 6: a reused block's cached content is gone
+                if self.on_evict is not None:
+                    self.on_evict(block)  # tell the prefix cache
+                block.block_hash = None
             block.ref_cnt = 1
         return blocks
-
-    def _evict_if_cached(self, block: KVCacheBlock) -> None:
-        """Stage 6 seam: a reused block's old cached content is gone, tell the prefix cache."""
-        if block.block_hash is None:
-            return
-        if self.on_evict is not None:
-            self.on_evict(block)
-        block.block_hash = None
 
     def free(self, blocks: Iterable[KVCacheBlock | int]) -> None:
         """Drop one reference to each block (given as blocks or ids); unused ones become free.

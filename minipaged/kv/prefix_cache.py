@@ -60,15 +60,15 @@ class CachedEntry:
     parent: CachedEntry | None
 
 
+@dataclass(eq=False)
 class PrefixIndex:
     """What a prefix lookup reads: ``blocks`` (``block_hash -> block``) and ``entries``
     (``block_id -> what the block holds``). A :class:`PrefixCache` is one; during an engine step
     a lookup reads the cache together with the blocks the step is filling
     (:meth:`~minipaged.engine.step_transaction.StepTransaction.prefix_index`)."""
 
-    def __init__(self, blocks: Mapping[int, KVCacheBlock], entries: Mapping[int, CachedEntry]) -> None:
-        self.blocks = blocks
-        self.entries = entries
+    blocks: Mapping[int, KVCacheBlock]
+    entries: Mapping[int, CachedEntry]
 
     def find(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
         """The cached blocks for the longest run of leading ``hashes`` (no reference taken).

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minipaged.attention.cache_attention import CacheAttention
 from minipaged.model.config import SUPPORTED_ACTIVATIONS, ModelConfig
-from minipaged.model.rope import RotaryEmbedding
+from minipaged.model.rope import inverse_frequencies
 
 # The MLP activations config.json may name (``hidden_act``), as transformers defines them.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -36,6 +37,53 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
 }
 assert set(ACTIVATIONS) == set(SUPPORTED_ACTIVATIONS), "config.SUPPORTED_ACTIVATIONS lists what is implemented here"
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to packed queries or keys: ``x: [num_tokens, heads, head_dim]``, ``positions: [num_tokens]``.
+
+    Dimensions ``i`` and ``i + head_dim/2`` form a pair rotated by ``position * inv_freq[i]`` (the
+    "rotate half" layout of Hugging Face checkpoints; the frequencies: :mod:`minipaged.model.rope`).
+    """
+
+    inv_freq: torch.Tensor  # a buffer, registered below
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None) -> None:
+        super().__init__()
+        # Built on the CPU even when the model is built on the meta device (the loader does that):
+        # a computed buffer is never in the checkpoint, so it must hold real numbers from the start.
+        inv_freq, self.attention_scaling = inverse_frequencies(head_dim, theta, scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+        self._cached: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[num_tokens, 1, head_dim]`` of ``positions``; every layer's queries and keys
+        of a step use the same ones, so they are computed for the first and reused."""
+        c = self._cached
+        if c is not None and c[0] is positions and c[1] == dtype:
+            return c[2], c[3]
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # fp32, as transformers computes them
+        # On a CPU cos and sin are computed in float64 by numpy and rounded once: torch's own CPU
+        # cos/sin were seen to return values off by up to 1.5e-4 in the first call of a process on a
+        # busy machine (in 2-3 processes out of 30-45), so that two identical forwards in one
+        # process gave logits 3e-3 apart and notebook 00's cache-vs-recompute check failed once in
+        # CI. Other devices use torch's.
+        if angles.device.type == "cpu":
+            a = angles.numpy().astype(np.float64)
+            cos_sin = (torch.from_numpy(np.cos(a)).float(), torch.from_numpy(np.sin(a)).float())
+        else:
+            cos_sin = (angles.cos(), angles.sin())
+        cos, sin = (torch.cat([t, t], dim=-1)[:, None, :] for t in cos_sin)
+        cos = (cos * self.attention_scaling).to(dtype)
+        sin = (sin * self.attention_scaling).to(dtype)
+        self._cached = (positions, dtype, cos, sin)
+        return cos, sin
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos_sin(positions, x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class RMSNorm(nn.Module):

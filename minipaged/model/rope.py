@@ -1,4 +1,6 @@
-"""Rotary position embeddings (RoPE): the one place their frequencies are computed.
+"""Rotary position embeddings (RoPE): the one place their frequencies are computed (the decoder's
+:class:`~minipaged.model.decoder.RotaryEmbedding` applies them, as transformers keeps its RoPE
+variants in ``modeling_rope_utils`` beside each model's rotary module).
 
 RoPE turns position into rotation. In the "rotate half" layout of Hugging Face checkpoints,
 dimensions ``i`` and ``i + head_dim/2`` of a query or key form a pair that is rotated by the
@@ -21,9 +23,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
-from torch import nn
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None = None) -> tuple[torch.Tensor, float]:
@@ -86,50 +86,3 @@ def _yarn(pos_freqs: torch.Tensor, head_dim: int, theta: float, s: dict) -> tupl
     extrapolation = 1 - ramp  # 1 keeps the original frequency, 0 interpolates fully
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
     return inv_freq, float(attention_scaling)
-
-
-class RotaryEmbedding(nn.Module):
-    """Applies RoPE to packed queries or keys: ``x: [num_tokens, heads, head_dim]``, ``positions: [num_tokens]``."""
-
-    inv_freq: torch.Tensor  # a buffer, registered below
-
-    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None) -> None:
-        super().__init__()
-        # Built on the CPU even when the model is built on the meta device (the loader does that):
-        # a computed buffer is never in the checkpoint, so it must hold real numbers from the start.
-        inv_freq, self.attention_scaling = inverse_frequencies(head_dim, theta, scaling)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-        self._cached: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[num_tokens, 1, head_dim]`` of ``positions``; every layer's queries and keys
-        of a step use the same ones, so they are computed for the first and reused."""
-        c = self._cached
-        if c is not None and c[0] is positions and c[1] == dtype:
-            return c[2], c[3]
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # fp32, as transformers computes them
-        cos, sin = (torch.cat([t, t], dim=-1)[:, None, :] for t in _cos_sin(angles))
-        cos = (cos * self.attention_scaling).to(dtype)
-        sin = (sin * self.attention_scaling).to(dtype)
-        self._cached = (positions, dtype, cos, sin)
-        return cos, sin
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.cos_sin(positions, x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-def _cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of fp32 ``angles``, as fp32.
-
-    On a CPU they are computed in float64 by numpy and rounded once. torch's own CPU cos/sin were
-    seen to return values off by up to 1.5e-4 in the first call of a process on a busy machine (in
-    2-3 processes out of 30-45), so that two identical forwards in one process gave logits 3e-3
-    apart and notebook 00's cache-vs-recompute check failed once in CI. Other devices use torch's.
-    """
-    if angles.device.type != "cpu":
-        return angles.cos(), angles.sin()
-    a = angles.numpy().astype(np.float64)
-    return torch.from_numpy(np.cos(a)).float(), torch.from_numpy(np.sin(a)).float()

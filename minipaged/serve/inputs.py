@@ -26,7 +26,7 @@ from minipaged.serve.limits import Limits
 from minipaged.serve.protocol import APIError, SamplingRequest
 from minipaged.tiny import task
 
-SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams) if f.init}
 # the fields an engine error message may start with, e.g. "top_p must be in (0, 1]"
 PARAM_NAMES = SAMPLING_FIELDS | {"prompt"}
 LESSON_SYSTEM_PROMPT = (

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged.attention import batched, reference
-from minipaged.attention.backends import ReferenceBackend, TorchBackend, resolve_backend
+from minipaged.attention.backends import resolve_backend
+from minipaged.attention.batched import TorchBackend
 from minipaged.attention.cache_attention import PagedAttention, PagedMetadata
-from minipaged.attention.reference import varlen_attention
+from minipaged.attention.reference import ReferenceBackend, varlen_attention
 from minipaged.kernels.choose import get_backend
 from minipaged.kv.contiguous import ContiguousKVCache, ContiguousStats, ReservationExceededError
 from minipaged.utils import cdiv

@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 
 from minipaged import LLM, SamplingParams
-from minipaged.attention.backends import TorchBackend
-from minipaged.attention.batched import BatchPlan
-from minipaged.attention.metadata import PagedMetadata
+from minipaged.attention.batched import BatchPlan, TorchBackend
+from minipaged.attention.cache_attention import PagedMetadata
 from minipaged.engine.plugins import EnginePlugins
 from minipaged.tiny.task import prompt_for
 

@@ -15,9 +15,8 @@ from minipaged.attention.reference import gather_kv, varlen_attention
 from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.beam_search import BeamGroup
 from minipaged.engine.kv_manager import PagedKVManager
-from minipaged.engine.model_runner import ModelRunner
+from minipaged.engine.model_runner import ModelRunner, sample, top_logprobs
 from minipaged.engine.request_group import SampleGroup
-from minipaged.engine.sampler import sample, top_logprobs
 from minipaged.engine.sampling_params import BeamSearchParams
 from minipaged.engine.sequence import Sequence
 from minipaged.engine.step_transaction import StepTransaction

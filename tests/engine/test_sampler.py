@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minipaged import SamplingParams
-from minipaged.engine.sampler import sample
+from minipaged.engine.model_runner import sample
 
 
 def gen(seed: int) -> torch.Generator:

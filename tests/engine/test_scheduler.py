@@ -5,10 +5,9 @@ from __future__ import annotations
 from minipaged import SamplingParams
 from minipaged.engine.batch import SamplerOutput
 from minipaged.engine.kv_manager import PagedKVManager
-from minipaged.engine.request_group import SampleGroup
+from minipaged.engine.request_group import SampleGroup, StopChecker
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence, Status
-from minipaged.engine.stop import StopChecker
 
 BS = 4
 

@@ -265,7 +265,7 @@ def test_store_kvcache_rejects_bad_input():
 
 
 def test_backend_uses_the_kernels():
-    from minipaged.attention.metadata import PagedMetadata
+    from minipaged.attention.cache_attention import PagedMetadata
     from minipaged.kernels.choose import get_backend
 
     backend = get_backend("triton", DEVICE)
@@ -281,7 +281,7 @@ def test_backend_uses_the_kernels():
 )
 def test_triton_plan_picks_the_decode_launch_only_for_one_token_per_sequence(monkeypatch, q_lens, launch):
     """Decided once per step in ``plan``; every layer's ``attend`` then takes that launch."""
-    from minipaged.attention.metadata import PagedMetadata
+    from minipaged.attention.cache_attention import PagedMetadata
     from minipaged.kernels import backend as triton_backend
 
     launched = []

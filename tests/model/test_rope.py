@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from minipaged.model.config import ModelConfig
-from minipaged.model.rope import RotaryEmbedding, inverse_frequencies
+from minipaged.model.decoder import RotaryEmbedding
+from minipaged.model.rope import inverse_frequencies
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
@@ -72,7 +73,7 @@ def test_frequencies_are_real_even_when_the_model_is_built_on_meta():
 def test_cos_and_sin_are_rounded_once_from_exact_values():
     """Every cos/sin of a step is the fp32 rounding of the exact value of its fp32 angle (checked
     against Python's math, in double), whatever the process did before: torch's CPU cos/sin could
-    not promise that (see ``rope._cos_sin``)."""
+    not promise that (see ``RotaryEmbedding.cos_sin``)."""
     rot = RotaryEmbedding(head_dim=32, theta=1e4)
     positions = torch.arange(1024)
     cos, sin = rot.cos_sin(positions, torch.float32)  # [positions, 1, head_dim], halves repeated
