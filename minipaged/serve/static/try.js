@@ -10,9 +10,30 @@ const $ = (id) => document.getElementById(id);
 let mine = null;  // the owner name of this student's requests
 let messages = [];  // the chat so far: {role, content}
 
+// A short request can hold blocks for a single frame, and the next frame may follow within
+// milliseconds: a picture that shows this student's blocks stays up at least HOLD_MS, then the
+// newest frame is drawn.
+const HOLD_MS = 1500;
+let latest = null;  // the newest frame received
+let holdUntil = 0;  // until when the picture of this student's blocks stays up
+let holdTimer = null;
+
+function showsMine(frame) {
+  const labels = Live.labels(frame);
+  return Boolean(mine) && frame.blocks.some(([, , owners]) => owners.some((o) => labels[o] === mine));
+}
+
 function onFrame(frame) {
-  Live.drawPool($("mine-pool"), frame, mine);
+  latest = frame;
   document.body.dataset.frame = frame.frame;
+  const mineNow = showsMine(frame);
+  if (!mineNow && performance.now() < holdUntil) return;  // drawn when the hold ends
+  Live.drawPool($("mine-pool"), frame, mine);
+  if (mineNow) {
+    holdUntil = performance.now() + HOLD_MS;
+    clearTimeout(holdTimer);
+    holdTimer = setTimeout(() => Live.drawPool($("mine-pool"), latest, mine), HOLD_MS);
+  }
 }
 
 function describeLesson(config) {
