@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from types import FrameType
 
 import minipaged
 from minipaged import LLM, SamplingParams
@@ -23,7 +24,7 @@ def trace_steps(llm: LLM, steps: int) -> set[tuple[str, int, str]]:
     """(file, first line, name) of every package function called during ``steps`` calls of ``llm.step()``."""
     seen: set[tuple[str, int, str]] = set()
 
-    def profile(frame, event, arg):
+    def profile(frame: FrameType, event: str, arg: object) -> None:
         if event == "call":
             code = frame.f_code
             if code.co_filename.startswith(str(PACKAGE)):
