@@ -157,14 +157,16 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("name", nargs="?", help="a known name, e.g. smollm2-135m-instruct (--list shows them)")
     w.add_argument("--list", action="store_true", help="list the known names, their sizes and whether cached")
     args = p.parse_args(argv)
+    what = f"bench {args.which}" if args.cmd == "bench" else args.cmd
     try:
         run(args)
     except ModuleNotFoundError as e:
         fix = missing_extra(e)
         if fix is None:
             raise
-        what = f"bench {args.which}" if args.cmd == "bench" else args.cmd
         p.exit(2, f"{p.prog} {what}: its libraries are not installed ({e.name} is missing): {fix}\n")
+    except (ValueError, OSError) as e:  # bad input (a damaged model file, a missing path): say what, not where
+        p.exit(1, f"{p.prog} {what}: error: {e}\n")
 
 
 def _demo(args: argparse.Namespace) -> None:

@@ -214,6 +214,12 @@ class PagedKVManager:
             parent = self.pool.blocks[table[i - 1]] if i else None
             tx.stage(self.pool.blocks[table[i]], seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs], parent)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False, and nothing changes, while any block is in use."""
+        if self.prefix_cache is None:
+            return self.pool.num_used_blocks == 0
+        return self.prefix_cache.reset()
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (``ref_cnt + 1`` each)."""
         ids = self.fork_blocks(self.pool, list(parent.block_table.block_ids))

@@ -194,6 +194,14 @@ class LLM:
             **self.kv_report.stats(),
         )
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as vLLM's ``LLM.reset_prefix_cache``: returns False and
+        changes nothing while any request holds blocks (let it finish, or abort it, first);
+        True once nothing is cached. The next request computes its whole prompt."""
+        if self.scheduler.paged is not None:
+            return self.scheduler.paged.reset_prefix_cache()
+        return self.kv_report.slots_allocated() == 0
+
     # -- the batch API ---------------------------------------------------------------------
     def generate(
         self,

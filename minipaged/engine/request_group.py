@@ -127,7 +127,9 @@ class RequestGroup(ABC):
             if s.text_len is not None:
                 text = text[: s.text_len]
             outs.append(CompletionOutput(s.sample_index, text, s.output_token_ids, s.finish_reason, s.stop_reason))
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.seqs[0].num_cached_tokens)
+        return RequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids, outs, self.seqs[0].num_cached_tokens or 0
+        )
 
 
 def seeded_generator(params: SamplingParams, sample_index: int) -> torch.Generator | None:

@@ -66,7 +66,8 @@ class Scheduler:
         self.tx: StepTransaction | None = None  # the step in flight: scheduled, not yet postprocessed
         self.num_preemptions = 0
         self.num_prefill_tokens_computed = 0  # prompts, chunks and recomputation: every token but decodes
-        self.num_prefix_hit_tokens = 0
+        self.num_prefix_hit_tokens = 0  # prompt tokens served by the cache at first admission
+        self.num_resumed_hit_tokens = 0  # tokens a resumed (preempted) request found cached
         # Called with each batch once its K/V are written and its tokens counted, before the
         # sampled tokens are applied and finished sequences let go of their blocks: the memory
         # a step holds at its fullest. What watches the engine (the paper's per-step figures)
@@ -172,20 +173,25 @@ class Scheduler:
                 break  # the unit waits, and nothing changed
             for s, hit in zip(unit, hits):
                 self.waiting.popleft()
-                self._take_hit(s, hit, held=False)
+                self._take_hit(s, hit, tx, held=False)
             self.start(unit)
             taken += group.seats(unit)
             budget -= self._add_to_batch(unit, plan, tx)
 
-    def _take_hit(self, seq: Sequence, hit: PrefixHit, held: bool) -> None:
+    def _take_hit(self, seq: Sequence, hit: PrefixHit, tx: StepTransaction, held: bool) -> None:
         """Admitted ``seq`` takes its prefix hit (``held``: already taken by :meth:`match_waiting`)."""
         tokens = 0
         if self.paged:
             if not held:
                 self.paged.hold(hit)
             tokens = self.paged.attach(seq, hit)
-        seq.num_computed_tokens = seq.num_cached_tokens = tokens
-        self.num_prefix_hit_tokens += tokens
+        seq.num_computed_tokens = tokens
+        if seq.num_cached_tokens is None:  # the first admission only (a resume reuses its own blocks)
+            seq.num_cached_tokens = tokens
+            self.num_prefix_hit_tokens += tokens
+            tx.first_admitted.append(seq)
+        else:  # counted apart, as vLLM does: a preempted request finding its own blocks again
+            self.num_resumed_hit_tokens += tokens
 
     def match_waiting(self, seq: Sequence) -> int:
         """Take waiting ``seq``'s prefix-cache hit before a policy decides, held by the step's
@@ -221,7 +227,7 @@ class Scheduler:
             if seq.status is Status.WAITING:
                 self.waiting.remove(seq)
                 held = tx.held.pop(seq.seq_id, None)
-                self._take_hit(seq, held[1] if held else PrefixHit(), held=held is not None)
+                self._take_hit(seq, held[1] if held else PrefixHit(), tx, held=held is not None)
                 self.start([seq])
             elif seq.status is not Status.RUNNING:
                 raise ValueError(f"sequence {seq.seq_id} is {seq.status.name}: it cannot be scheduled")
@@ -310,6 +316,7 @@ class Scheduler:
         tx, self.tx = self.tx, None
         if tx is None:
             return []
+        self.num_prefix_hit_tokens -= sum(s.num_cached_tokens or 0 for s in tx.first_admitted)
         tx.rollback()
         for _, hit in tx.held.values():  # hits a policy took and never placed
             if self.paged:
@@ -350,6 +357,7 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             prefill_tokens_computed=self.num_prefill_tokens_computed,
             prefix_hit_tokens=self.num_prefix_hit_tokens,
+            resumed_hit_tokens=self.num_resumed_hit_tokens,
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             num_swapped=sum(len(u) for u in self.swapped),

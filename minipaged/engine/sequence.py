@@ -60,7 +60,9 @@ class Sequence:
         self.params = params
         self.status = Status.WAITING
         self.num_computed_tokens = 0
-        self.num_cached_tokens = 0  # prefix-cache hits at the last admission (not all computed tokens)
+        # Prompt tokens the prefix cache served at the first admission (None until then), as vLLM
+        # sets it once: a resume after preemption finds the sequence's own blocks, not a reuse.
+        self.num_cached_tokens: int | None = None
         self.block_table = BlockTable(block_size)
         self.block_hashes: list[int] = []  # hashes of this sequence's full blocks, in order
         self.finish_reason: str | None = None

@@ -16,6 +16,8 @@ forward succeeds. They are all recorded here:
 - ``rng_states``: the random state of every seeded sample that draws in it;
 - ``held``: prefix hits taken for waiting sequences a scheduling policy may still admit
   (:meth:`~minipaged.engine.scheduler.Scheduler.match_waiting`);
+- ``first_admitted``: the sequences admitted for the first time (their ``num_cached_tokens`` is set
+  then, once);
 - ``failed_request_ids``: after a rollback, the requests the step ran.
 
 :meth:`commit` publishes what was staged; :meth:`rollback` gives every draw back and forgets the
@@ -66,6 +68,7 @@ class StepTransaction:
         self._staged_entries: dict[int, CachedEntry] = {}  # block_id -> what it will hold, as PrefixCache.entries
         self.rng_states: list[tuple[torch.Generator, torch.Tensor]] = []
         self.held: dict[int, tuple[Sequence, PrefixHit]] = {}  # seq_id -> (waiting sequence, its hit)
+        self.first_admitted: list[Sequence] = []
         self.failed_request_ids: list[int] = []
 
     def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int]) -> None:
@@ -87,22 +90,17 @@ class StepTransaction:
 
     # -- the prefix cache's side -----------------------------------------------------------
     def stage(self, block: KVCacheBlock, block_hash: int, token_ids: Seq[int], parent: KVCacheBlock | None) -> None:
-        """Offer a block this step fills, to be published at :meth:`commit`. As
-        :meth:`PrefixCache.insert` would: a hash already cached (or staged) keeps the block
-        private, and so does a parent that is neither cached nor staged."""
-        cache = self.prefix_cache
-        if cache is None or block.block_hash is not None:
+        """Offer a block this step fills, to be published at :meth:`commit`, by the cache's own
+        rule (:meth:`~minipaged.kv.prefix_cache.PrefixIndex.entry_for`) over the cache and the
+        blocks staged before it."""
+        if self.prefix_cache is None or block.block_hash is not None:
             return
-        if block_hash in cache.blocks or block_hash in self._staged_blocks:
+        entry = self.prefix_index().entry_for(block_hash, token_ids, parent)
+        if entry is None:
             return
-        parent_entry = None
-        if parent is not None:
-            parent_entry = cache.entries.get(parent.block_id) or self._staged_entries.get(parent.block_id)
-            if parent_entry is None:
-                return
         self.staged.append(StagedBlock(block, block_hash, tuple(token_ids), parent))
-        self._staged_blocks[block_hash] = block
-        self._staged_entries[block.block_id] = CachedEntry(tuple(token_ids), parent_entry)
+        self._staged_blocks.setdefault(block_hash, block)
+        self._staged_entries[block.block_id] = entry
 
     def prefix_index(self) -> PrefixIndex:
         """What a prefix lookup reads in this step: the cache, then the blocks the step fills."""
@@ -119,9 +117,12 @@ class StepTransaction:
         self._forget_staged()
 
     def rollback(self) -> None:
-        """The step failed: every seeded sample gets its draw back; nothing staged is published."""
+        """The step failed: every seeded sample gets its draw back; nothing staged is published;
+        a first admission is undone (the next one may find other hits)."""
         for generator, state in self.rng_states:
             generator.set_state(state)
+        for seq in self.first_admitted:
+            seq.num_cached_tokens = None
         self._forget_staged()
         self.failed_request_ids = sorted({s.request_id for s in self.batch.seqs})
 

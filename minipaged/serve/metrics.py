@@ -23,6 +23,7 @@ GAUGES = {
 }
 COUNTERS = {
     "prefix_hit_tokens": "prompt tokens served from the prefix cache",
+    "resumed_hit_tokens": "tokens a preempted request found again in the prefix cache when resumed",
     "prefill_tokens_computed": "prompt tokens computed (recomputation after preemption included)",
     "num_preemptions": "sequences preempted for lack of KV blocks",
     "cow_copies": "blocks copied on write",

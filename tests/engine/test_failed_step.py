@@ -64,7 +64,7 @@ def test_no_prefix_hit_survives_on_blocks_a_failed_step_never_wrote(tiny_model_d
     with pytest.raises(Boom):
         llm.step()
     sharer = llm._requests[s].seqs[0]
-    assert sharer.num_cached_tokens == 8  # the failed step had S hit P's two fresh blocks
+    assert sharer.num_cached_tokens is None  # the failed step's hit on P's unwritten blocks is undone
     assert sharer.num_computed_tokens == 0 and not sharer.block_table.block_ids
     assert llm.kv_stats()["cached_blocks"] == 0  # withdrawn
     if then == "abort the publisher":

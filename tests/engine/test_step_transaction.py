@@ -33,16 +33,19 @@ def test_staged_blocks_reach_the_cache_at_commit_in_the_order_they_filled():
     assert cache.find([ha, hb], [1, 2, 3, 4], BS) == [a, b]
 
 
-def test_a_block_stays_private_when_its_hash_is_taken_or_its_parent_is():
+def test_a_second_copy_is_staged_and_chains_on_but_an_orphan_stays_private():
     pool, cache, tx = setup()
-    a, twin, orphan_parent, orphan = pool.allocate(4)
+    a, twin, after_twin, orphan_parent, orphan = pool.allocate(5)
     ha, hb = chain_hashes([1, 2, 3, 4], BS)
     tx.stage(a, ha, [1, 2], None)
-    tx.stage(twin, ha, [1, 2], None)  # the same prefix computed twice in one step: one copy is enough
+    tx.stage(twin, ha, [1, 2], None)  # the same prefix computed twice in one step
+    tx.stage(after_twin, hb, [3, 4], twin)  # chains on from the copy (vLLM finds it through a's hash)
     tx.stage(orphan, hb, [3, 4], orphan_parent)  # its parent was never staged: no lookup reaches it
-    assert [s.block for s in tx.staged] == [a]
+    assert [s.block for s in tx.staged] == [a, twin, after_twin]
+    assert tx.prefix_index().find([ha, hb], [1, 2, 3, 4], BS) == [a, after_twin]
     tx.commit()
-    assert cache.blocks == {ha: a}
+    assert cache.blocks == {ha: a, hb: after_twin} and cache.copies == {ha: [twin]}
+    assert cache.find([ha, hb], [1, 2, 3, 4], BS) == [a, after_twin] and orphan.block_hash is None
 
 
 def test_a_rollback_publishes_nothing_and_gives_every_draw_back():

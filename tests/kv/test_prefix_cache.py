@@ -103,7 +103,7 @@ def test_preempted_sequence_finds_its_own_blocks(tiny_model_dir):
         o.outputs[0].token_ids for o in off.generate(prompts, sp, use_tqdm=False)
     ]
     stats = on.kv_stats()
-    assert stats["num_preemptions"] > 0 and stats["prefix_hit_tokens"] > 0  # resumed from their own blocks
+    assert stats["num_preemptions"] > 0 and stats["resumed_hit_tokens"] > 0  # resumed from their own blocks
 
 
 def live_sharing_is_consistent(llm: LLM) -> None:
@@ -188,3 +188,70 @@ def test_parent_check_in_lookup():
     assert not cache.insert(z, 3, [5, 6], parent=pool.blocks[3])  # a private parent: stays private
     assert [b.block_id for b in cache.lookup([1, 2], [1, 2, 3, 4], 2)] == [x.block_id, y.block_id]
     assert cache.lookup([2], [3, 4], 2) == []  # y's tokens, but y follows x, not the root
+
+
+def test_a_second_copy_of_a_cached_block_does_not_break_the_chain():
+    """A block computed twice (its hash already cached) used to keep every later block private."""
+    cache = PrefixCache(BlockPool(3))
+    x, y = [1, 2, 3, 4], [5, 6, 7, 8]
+    h = chain_hashes(x + y, 4)
+    a0, b0, b1 = cache.pool.allocate(3)
+    assert cache.insert(a0, h[0], x) and cache.insert(b0, h[0], x) and cache.insert(b1, h[1], y, parent=b0)
+    assert cache.find(h, x + y, 4) == [a0, b1]  # through the first copy of x, then b1
+    assert len(cache) == 2 and cache.copies == {h[0]: [b0]}
+    cache.pool.free([a0])
+    (again,) = cache.pool.allocate(1)  # a0 is reused for other tokens: the copy takes its place
+    assert again is a0 and cache.num_evictions == 1
+    assert cache.find(h, x + y, 4) == [b0, b1] and not cache.copies
+
+
+def test_a_second_copy_of_other_content_under_the_same_hash_stays_private():
+    cache = PrefixCache(BlockPool(3))
+    a, b, c = cache.pool.allocate(3)
+    assert cache.insert(a, 777, [1, 2])
+    assert not cache.insert(b, 777, [3, 4])  # a collision: the hash names other tokens
+    assert not cache.insert(c, 778, [5, 6], parent=b)  # and nothing can chain on from b
+    assert b.block_hash is None and c.block_hash is None and cache.find([777], [1, 2], 2) == [a]
+
+
+def test_a_prompt_computed_again_still_publishes_the_answer_that_follows_it():
+    """End to end: P (3 full blocks) is cached, P again recomputes its last block (a second copy),
+    and the 40 answer tokens that follow must still be reachable: P + answer + 1 token hits 80."""
+    llm = LLM(enable_prefix_caching=True, num_kvcache_blocks=64, block_size=16, max_model_len=256)
+    prompt = [(7 * i + 3) % 200 + 5 for i in range(48)]
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    first = llm.generate([prompt], sp, use_tqdm=False)[0]
+    again = llm.generate([prompt], sp, use_tqdm=False)[0]
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 32  # the last block is recomputed
+    follow_up = prompt + again.outputs[0].token_ids + [9]
+    out = llm.generate([follow_up], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]
+    assert out.num_cached_tokens == 80
+
+
+def test_num_cached_tokens_is_set_once_at_first_scheduling_not_on_resume():
+    """Two requests that cannot both fit: one is preempted and resumes on its own published blocks.
+    vLLM sets ``num_cached_tokens`` once; it used to report the resumed blocks (48 of a 20-token prompt)."""
+    llm = LLM(enable_prefix_caching=True, num_kvcache_blocks=8, max_model_len=256)
+    sp = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    a = llm.add_request([97 + i % 26 for i in range(20)], sp)
+    b = llm.add_request([65 + i % 26 for i in range(20)], sp)
+    while llm.has_unfinished_requests():
+        llm.step()
+    assert llm.kv_stats()["num_preemptions"] >= 1
+    assert llm.get_output(a).num_cached_tokens == 0 and llm.get_output(b).num_cached_tokens == 0
+
+
+def test_reset_prefix_cache_waits_until_no_block_is_in_use():
+    llm = LLM(enable_prefix_caching=True, num_kvcache_blocks=32, block_size=4, max_model_len=64)
+    prompt = list(range(10, 30))
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate([prompt], sp, use_tqdm=False)
+    cached = llm.kv_stats()["cached_blocks"]
+    assert cached == 5
+    running = llm.add_request(prompt, sp)
+    llm.step()  # it holds blocks now
+    assert llm.reset_prefix_cache() is False and llm.kv_stats()["cached_blocks"] == cached
+    llm.abort_request(running)
+    assert llm.reset_prefix_cache() is True and llm.kv_stats()["cached_blocks"] == 0
+    assert all(b.block_hash is None for b in llm.kv_manager.pool.blocks)
+    assert llm.generate([prompt], sp, use_tqdm=False)[0].num_cached_tokens == 0

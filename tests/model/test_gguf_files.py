@@ -89,6 +89,28 @@ def test_bad_files_are_refused_clearly(tmp_path, make, error, match):
         load_model(path)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("llama.block_count", 2**31, "block_count=2147483648, but the file holds the tensors of 1 blocks"),
+        ("llama.block_count", 0, "block_count=0 is not a size"),
+        ("llama.attention.head_count", 0, "head_count=0 is not a size"),
+    ],
+)
+def test_sizes_the_tensors_do_not_bear_out_are_refused(tmp_path, key, value, match):
+    """A damaged count is refused before a model of 2^31 layers is built, or a size of 0 divides."""
+    import gguf
+
+    path = write_gguf(tmp_path / "m.gguf")
+    field = gguf.GGUFReader(path).fields[key]
+    at = field.offset + sum(int(p.nbytes) for p in field.parts[:3])  # after the key's length, name and type
+    raw = bytearray(path.read_bytes())
+    raw[at : at + 4] = value.to_bytes(4, "little")
+    path.write_bytes(raw)
+    with pytest.raises(ValueError, match=match):
+        load_model(path)
+
+
 def test_unsupported_tensor_type_is_refused(tmp_path):
     """A tensor type the gguf package knows but minipaged does not read (I32) is named, before dequantizing."""
     with pytest.raises(ValueError, match="output_norm.weight has type I32"):
