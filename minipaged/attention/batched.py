@@ -196,14 +196,19 @@ def store_kvcache(
 
 
 def _gather(cache: torch.Tensor, grp: RowGroup) -> torch.Tensor:
-    """[g, kv_heads, num_blocks * block_size, d]: the group's contexts in logical order, in fp32.
+    """[g, kv_heads, num_blocks * block_size, d]: the group's contexts in logical order, in fp32,
+    contiguous.
 
     ``index_select`` over whole blocks (rows of ``block_size * kv_heads * d`` numbers) copies
     contiguous runs, several times faster here than indexing the 4-D cache with a 2-D table.
+    The second pass puts each KV head's keys together (and widens a bf16 cache to fp32) in one
+    copy: the attention products then read it as it lies. Left as a strided view, every
+    ``matmul`` would copy it again, inside, in every layer.
     """
     num_blocks, block_size, num_kv_heads, head_dim = cache.shape
     picked = cache.view(num_blocks, -1).index_select(0, grp.blocks)
-    return picked.view(grp.seqs.numel(), -1, num_kv_heads, head_dim).transpose(1, 2).float()
+    per_head = picked.view(grp.seqs.numel(), -1, num_kv_heads, head_dim).transpose(1, 2)
+    return per_head.to(torch.float32, memory_format=torch.contiguous_format)
 
 
 SMALL_DECODE = 2**20  # cached numbers (K of a group) under which decode attention runs on one thread

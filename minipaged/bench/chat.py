@@ -1,17 +1,24 @@
 """Benchmark: the real chat model, against transformers and against the memory's speed.
 
-``python -m minipaged bench chat [--model M] [--quick] [--repeats R] [--new-tokens N]``
+``python -m minipaged bench chat [--model M] [--dtype D] [--quick] [--repeats R] [--new-tokens N]``
 
 - **(a) tokens/s at 1, 8 and 32 concurrent chats**: short questions rendered with the model's
   chat template, greedy, every chat ``N`` new tokens (default 64; ``ignore_eos``, and
-  transformers is told of no EOS), minipaged against transformers' ``generate`` on the same
-  fp32 weights (one left-padded batch). The transformers model is built from minipaged's loaded
-  weights, so both read the very same numbers; the tokens are compared chat by chat.
+  transformers is told of no EOS), minipaged (``--dtype``, default ``auto``) against
+  transformers' ``generate`` (one left-padded batch) on the same weights, in bf16 when ours
+  multiplies in bf16 and in fp32 otherwise. The transformers model is built from minipaged's
+  loaded weights; the tokens are compared chat by chat (in fp32 they agree; across number
+  formats a near-tie may go the other way).
 - **(b) the 1-row decode step against the memory's speed**: a step at one row multiplies one
   vector by every matrix of the model, so it cannot take less than the time to read the weights
-  once. The bench measures the copy bandwidth of this machine in the same run (a 256 MiB
-  tensor copied, bytes read + written over seconds) and prints the median decode step of the
+  in use once (bf16 products read half the bytes of fp32). The bench measures this machine's
+  *read* bandwidth in the same run (the best of a ``sum`` and a matrix-vector product over
+  512 MiB: bytes read over seconds, no writes counted) and prints the median decode step of the
   1-chat run over ``weight bytes / bandwidth``.
+- **(d) step time against running rows**, fp32 and ``auto`` side by side: the decode step at
+  1, 8, 32 and 64 rows, and each over the 1-row step. Where the step costs about the same at 32
+  rows as at 1, each extra running request is nearly free: the regime where paging's larger
+  batch turns straight into throughput.
 - **(c) where a decode step's time goes**, at 1 and at 32 rows: the step outside the forward
   (schedule, packing, sampling, bookkeeping), attention (every layer's KV write and attention)
   and the rest of the forward (the matrix products, norms, RoPE and activations).
@@ -74,7 +81,7 @@ QUESTIONS = (
     "What should I pack for a weekend hike?",
     "How many legs does a spider have?",
 )
-COPY_BYTES = 256 * 2**20
+READ_BYTES = 512 * 2**20
 
 
 def chat_prompts(llm: LLM, n: int, seed: int = 0) -> list[list[int]]:
@@ -93,8 +100,8 @@ def chat_prompts(llm: LLM, n: int, seed: int = 0) -> list[list[int]]:
     return [tok.encode(text, add_special_tokens=False) for text in rendered]
 
 
-def transformers_twin(model: DecoderModel) -> Any:
-    """A transformers ``*ForCausalLM`` holding ``model``'s weights (fp32), told of no EOS."""
+def transformers_twin(model: DecoderModel, dtype: torch.dtype = torch.float32) -> Any:
+    """A transformers ``*ForCausalLM`` holding ``model``'s weights in ``dtype``, told of no EOS."""
     import transformers
 
     d = model.config.to_hf_dict()
@@ -102,6 +109,7 @@ def transformers_twin(model: DecoderModel) -> Any:
     hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     hf.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=True)
     hf.tie_weights()
+    hf.to(dtype)
     hf.generation_config.eos_token_id = None  # every chat runs its N tokens, as ignore_eos does
     return hf
 
@@ -139,22 +147,18 @@ def run_transformers(hf: Any, prompts: Sequence[list[int]], new_tokens: int, pad
     return run
 
 
-def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
-    """Bytes per second of one large tensor copy (read + written), the best of ``repeats``."""
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
+def read_bandwidth(nbytes: int = READ_BYTES, repeats: int = 5) -> float:
+    """Bytes read per second over one ``nbytes`` tensor: the best of ``repeats`` runs of a ``sum``
+    and of a matrix-vector product (what a 1-row step does), nothing written but the result."""
+    matrix = torch.ones(nbytes // 4 // 4096, 4096)
+    vector = torch.ones(4096)
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * nbytes / best
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every distinct weight storage (a tied matrix, or fused views, counted once)."""
-    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
-    return sum(storages.values())
+        for read in (matrix.sum, lambda: torch.mv(matrix, vector)):
+            start = time.perf_counter()
+            read()
+            best = min(best, time.perf_counter() - start)
+    return matrix.numel() * 4 / best
 
 
 @dataclass
@@ -227,22 +231,26 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true", help="1 and 2 chats, 4 tokens, one run each: a smoke run")
     p.add_argument("--repeats", type=int, default=3, help="runs of each engine, taking turns; the fastest counts")
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens of every chat (default 64)")
+    p.add_argument("--dtype", default="auto", help="minipaged's number format: auto (default), float32, bfloat16")
     a = p.parse_args(argv)
-    chats, new_tokens, repeats, steps = ((1, 2), 4, 1, 2) if a.quick else ((1, 8, 32), a.new_tokens, a.repeats, 16)
-    llm = LLM(a.model, max_num_seqs=max(chats), max_model_len=512, num_kvcache_blocks=max(chats) * 16)
-    hf = transformers_twin(llm.model)
-    nbytes = weight_bytes(llm.model)
+    quick = a.quick
+    chats, new_tokens, repeats, steps = ((1, 2), 4, 1, 2) if quick else ((1, 8, 32), a.new_tokens, a.repeats, 16)
+    engine_args: dict[str, Any] = dict(max_num_seqs=64, max_model_len=512, num_kvcache_blocks=64 * 16)
+    llm = LLM(a.model, dtype=a.dtype, **engine_args)
+    hf_dtype = torch.bfloat16 if llm.precision.kv_cache == torch.bfloat16 else torch.float32
+    hf = transformers_twin(llm.model, hf_dtype)
+    nbytes = llm.model.product_bytes()
     print(
-        f"{a.model}: {nbytes / 1e6:.0f} MB of {llm.model.dtype} weights, {torch.get_num_threads()} CPU threads, "
-        f"{new_tokens} new tokens a chat, fastest of {repeats} runs each"
+        f"{a.model}: {llm.precision.name}, {nbytes / 1e6:.0f} MB of weights read a step, "
+        f"{torch.get_num_threads()} CPU threads, {new_tokens} new tokens a chat, fastest of {repeats} runs each"
     )
-    print("(a) output tokens/s, minipaged vs transformers generate (one padded batch, same weights)")
+    print(f"(a) output tokens/s, minipaged vs transformers generate (one padded batch, same weights in {hf_dtype})")
     rows = compare(llm, hf, chats, new_tokens, repeats)
-    bandwidth = copy_bandwidth()
+    bandwidth = read_bandwidth()
     step = decode_step_seconds(rows[0].ours)
     floor = nbytes / bandwidth
     print(
-        f"(b) 1-row decode step {1e3 * step:.1f} ms; reading the weights once at the copy bandwidth "
+        f"(b) 1-row decode step {1e3 * step:.1f} ms; reading the weights once at the read bandwidth "
         f"measured now ({bandwidth / 1e9:.1f} GB/s) takes {1e3 * floor:.1f} ms: step / bandwidth limit "
         f"{step / floor:.2f}x"
     )
@@ -254,4 +262,21 @@ def main(argv: list[str] | None = None) -> dict:
             f"  {n:3d} rows  step {1e3 * parts['step']:6.1f}: "
             + ", ".join(f"{k} {1e3 * v:.1f} ({100 * v / parts['step']:.0f}%)" for k, v in parts.items() if k != "step")
         )
-    return {"rows": rows, "bandwidth": bandwidth, "weight_bytes": nbytes, "step": step, "breakdown": breakdown}
+    curve = step_curve(a.model, llm, (1, 2) if quick else (1, 8, 32, 64), engine_args, steps)
+    figures = {"rows": rows, "bandwidth": bandwidth, "weight_bytes": nbytes, "step": step, "breakdown": breakdown}
+    return {**figures, "curve": curve}
+
+
+def step_curve(model: str, llm: LLM, rows: Sequence[int], engine_args: dict, steps: int) -> dict[str, list[float]]:
+    """(d): seconds per decode step at each number of ``rows``, fp32 and ``auto`` (``llm`` is one of
+    them, the other is built here), printed with each over its own 1-row step."""
+    others = {"float32", "auto"} - {"auto" if llm.precision.bf16_products else "float32"}
+    engines = {("auto" if llm.precision.bf16_products else "float32"): llm}
+    engines.update({d: LLM(model, dtype=d, **engine_args) for d in others})
+    engines = {d: engines[d] for d in ("float32", "auto")}
+    curve = {d: [step_breakdown(e, n, steps)["step"] for n in rows] for d, e in engines.items()}
+    print("(d) decode step against running rows (ms; x the 1-row step)")
+    for i, n in enumerate(rows):
+        parts = [f"{d} {1e3 * c[i]:6.1f} ({c[i] / c[0]:.2f}x)" for d, c in curve.items()]
+        print(f"  {n:3d} rows  " + "  ".join(parts))
+    return curve

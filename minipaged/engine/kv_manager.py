@@ -134,11 +134,14 @@ class PagedKVManager:
 
         At least the last token is always left to compute, since its logits give the next token:
         a block holding the last token is never taken from the cache, so nothing shared is
-        written again.
+        written again. A request that asks for ``prompt_logprobs`` takes no hit (vLLM's rule):
+        its prompt needs every row's logits, and a cached block has only K/V.
         """
         if self.prefix_cache is None:
             return PrefixHit()
         hashes = self.hash_blocks(seq.token_ids, self.block_size, seq.block_hashes, None)
+        if seq.group.prompt_logprobs is not None:
+            return PrefixHit(hashes)  # its blocks are still hashed, and cached for the others
         usable = hashes[: (len(seq) - 1) // self.block_size]
         return PrefixHit(hashes, self.prefix_lookup(tx.prefix_index(), usable, seq.token_ids, self.block_size))
 

@@ -43,6 +43,7 @@ from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence
 from minipaged.model.loader import load_model
+from minipaged.model.precision import load_dtype, resolve_precision
 
 log = logging.getLogger("minipaged")
 
@@ -58,13 +59,16 @@ class LLM:
     ``"reference"`` (the per-sequence oracle), ``"torch"`` (batched), ``"triton"`` or ``"auto"``.
     ``plugins`` (:class:`~minipaged.engine.plugins.EnginePlugins`) swaps in your own block pool,
     slot mapping, block hashing, prefix lookup, copy-on-write, fork or scheduling policy.
+    ``dtype`` (:mod:`minipaged.model.precision`): ``"auto"`` (the default) multiplies a large
+    model's weights in bf16 where the CPU does so in hardware, with a bf16 KV cache and fp32
+    elsewhere; ``"float32"`` is exact to transformers' fp32 forward; ``"bfloat16"`` is bf16 throughout.
     """
 
     def __init__(
         self,
         model: str | Path | None = None,
         *,
-        dtype: torch.dtype | str = torch.float32,
+        dtype: torch.dtype | str = "auto",
         device: str | torch.device | None = None,
         plugins: EnginePlugins | None = None,
         **engine_args: Any,
@@ -75,9 +79,16 @@ class LLM:
             raise TypeError(f"plugins must be an EnginePlugins, got {type(plugins).__name__}")
         self.plugins = plugins
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
+        weights_dtype = load_dtype(dtype)  # a bad dtype is refused before the model is loaded
+        self.model, self.tokenizer = load_model(model, dtype=weights_dtype, device=device)
         self.model.fuse()  # Q/K/V and gate/up as one matrix each: fewer, wider products a step
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.precision = resolve_precision(dtype, device, weight_bytes)
+        if self.precision.bf16_products:
+            self.model.pack_bf16()
+        # Said at load when the choice changes the numbers (a real model on a bf16 CPU): why bf16.
+        log.log(logging.INFO if self.precision.bf16_products else logging.DEBUG, "numbers: %s", self.precision.reason)
+        dtype = self.precision.kv_cache
         mc = self.model.config
         self.config, self.block_size, self.max_model_len = cfg, cfg.block_size, cfg.model_len(mc)
         self.num_blocks, why = cfg.num_blocks(mc, dtype, device)

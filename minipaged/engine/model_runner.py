@@ -9,8 +9,9 @@ host pool that swapped blocks go to, the attention that reads the cache, and eac
 - the attention metadata: ``slot_mapping`` [num_tokens], ``block_tables`` [num_seqs,
   max_blocks], ``context_lens`` [num_seqs], ``cu_seqlens_q`` [num_seqs + 1]
   (:class:`~minipaged.attention.cache_attention.PagedMetadata`);
-- ``logits_indices`` [num_seqs]: each sequence's last new token, the only one whose logits
-  are wanted.
+- ``logits_indices`` [num_seqs + num_prompt_rows]: each sequence's last new token, then the
+  prompt rows whose logits score prompt tokens (``prompt_logprobs``; see
+  :mod:`~minipaged.engine.logprobs`): no other row's logits are wanted.
 
 :meth:`ModelRunner.run` is the step's one call into tensors: swaps out, swaps in, copy-on-write
 copies, the forward (:meth:`forward`), then sampling (below).
@@ -27,6 +28,10 @@ preemption (tokens already drawn are kept, not redrawn).
 
 A beam does not draw: :func:`top_logprobs` gives its ``k`` most likely next tokens with their
 log-probabilities (log-softmax of the raw logits, in fp32), and the beam search chooses.
+
+A drawn token whose request asked for ``logprobs`` is then scored from the same row of raw
+logits (:func:`~minipaged.engine.logprobs.score`); the prompt rows after the sampling rows score
+prompt tokens (:func:`~minipaged.engine.logprobs.prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import torch
 
 from minipaged.attention.cache_attention import PagedAttention, PagedMetadata
 from minipaged.engine.batch import SamplerOutput, ScheduledBatch
+from minipaged.engine.logprobs import TokenLogprobs, prompt_logprobs, prompt_rows, score
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.kv.slot_mapping import SlotMappingFn, build_slot_mapping
@@ -75,22 +81,26 @@ class ModelRunner:
             batch.block_tables, batch.starts, batch.q_lens, batch.block_size, dev, self.slot_mapping
         )
         self.attn.set_batch(meta)
-        last = [end - 1 for end in itertools.accumulate(batch.q_lens)]
+        rows = [end - 1 for end in itertools.accumulate(batch.q_lens)]  # each row's last new token
+        if batch.prompt_logprobs:
+            rows += prompt_rows(batch)
         return (
             torch.tensor(input_ids, device=dev),
             torch.tensor(positions, device=dev),
-            torch.tensor(last, device=dev),
+            torch.tensor(rows, device=dev),
         )
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Compute the batch's new tokens. Returns logits [num_seqs, vocab] at each sequence's last
-        new token (meaningful only for sequences whose step reaches their last token)."""
-        input_ids, positions, last = self.prepare(batch)
-        return self.model(input_ids, positions, self.attn, logits_indices=last)
+        """Compute the batch's new tokens. Returns logits [num_seqs + num_prompt_rows, vocab]: at
+        each sequence's last new token (meaningful only for sequences whose step reaches their
+        last token), then at the prompt rows that ``batch.prompt_logprobs`` scores."""
+        input_ids, positions, logits_indices = self.prepare(batch)
+        return self.model(input_ids, positions, self.attn, logits_indices=logits_indices)
 
     def run(self, batch: ScheduledBatch) -> SamplerOutput:
-        """Move the blocks the batch asks for, then forward and sample every sampling row."""
+        """Move the blocks the batch asks for, then forward, sample every sampling row and score
+        the prompt tokens the batch asks to."""
         if batch.blocks_to_swap_out or batch.blocks_to_swap_in:
             assert self.host_cache is not None, "swapping needs the host pool of preemption_mode='swap'"
             if batch.blocks_to_swap_out:  # before anything can overwrite the freed device blocks
@@ -101,7 +111,12 @@ class ModelRunner:
             self.kv_cache.copy_blocks(batch.blocks_to_copy)
         if not batch.seqs:
             return SamplerOutput()
-        return self.sample(self.forward(batch), batch)
+        logits = self.forward(batch)
+        num_seqs = len(batch.seqs)
+        out = self.sample(logits[:num_seqs], batch)
+        if batch.prompt_logprobs:
+            out.prompt_logprobs = prompt_logprobs(logits[num_seqs:], batch)
+        return out
 
     def sample(self, logits: torch.Tensor, batch: ScheduledBatch) -> SamplerOutput:
         """One token per sampling row, ``logits[row]`` drawn with that sequence's params and
@@ -118,6 +133,7 @@ class ModelRunner:
             rows = [r for _, r, _, _ in draws]
             picked = logits if rows == list(range(len(logits))) else logits[rows]  # often every row
             out.token_ids = sample(picked, [p for _, _, p, _ in draws], [g for _, _, _, g in draws])
+            out.logprobs = drawn_logprobs(picked, out.token_ids, draws)
         if beams:
             cands = top_logprobs(logits[[r for _, r, _ in beams]], max(k for _, _, k in beams))
             out.candidates = {i: c[:k] for (i, _, k), c in zip(beams, cands)}
@@ -162,6 +178,18 @@ def _sample_rows(
     u = torch.cat([torch.rand(1, generator=g) for g in generators]).to(dev) * cdf[:, -1]
     picked = torch.searchsorted(cdf, u[:, None], right=True).clamp(max=vocab - 1)
     return order.gather(1, picked)[:, 0]
+
+
+def drawn_logprobs(
+    logits: torch.Tensor, tokens: list[int], draws: list[tuple[int, int, SamplingParams, torch.Generator | None]]
+) -> dict[int, TokenLogprobs]:
+    """logits: [num_draws, vocab], the rows ``tokens`` were drawn from -> sample index -> the entry
+    of its drawn token, for the draws whose request asked for ``logprobs``."""
+    asked = [(j, i, p.logprobs) for j, (i, _, p, _) in enumerate(draws) if p.logprobs is not None]
+    if not asked:
+        return {}
+    entries = score(logits[[j for j, _, _ in asked]], [tokens[j] for j, _, _ in asked], [k for _, _, k in asked])
+    return {i: entry for (_, i, _), entry in zip(asked, entries)}
 
 
 def top_logprobs(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:

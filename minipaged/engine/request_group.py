@@ -10,6 +10,9 @@ of request it holds:
 - ``seats(unit)``: the places in ``max_num_seqs`` that unit takes;
 - ``plan(unit, computed, budget)``: each member's new tokens this step, within the token budget;
 - ``samplers(seq)``: who samples from ``seq``'s row of logits once its step reaches its last token;
+- ``scored_prompt(seq, n)``: the prompt tokens whose logprobs ``seq``'s next ``n`` tokens give
+  (a request that asked for ``prompt_logprobs``; :mod:`~minipaged.engine.logprobs`), and
+  ``receive_prompt`` to keep them;
 - ``num_candidates``: 0 when a row draws one token, else the most likely tokens it wants;
 - after the step, in three phases over every group that sampled: ``fork`` (new members take
   their blocks), ``receive`` (each row's token, in row order) and ``settle`` (a beam search
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from minipaged.engine.logprobs import LogprobsRecord, TokenLogprobs, prompt_positions
 from minipaged.engine.outputs import CompletionOutput, RequestOutput
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.engine.sequence import Sequence, Status
@@ -59,6 +63,7 @@ class RequestGroup(ABC):
 
     num_candidates = 0  # per sampling row: 0 draws one token; a beam search wants its top candidates
     streams = True  # whether each step's tokens are an output (a beam search answers only at the end)
+    prompt_logprobs: LogprobsRecord[TokenLogprobs | None] | None = None  # the prompt's entries, if asked for
 
     def __init__(
         self,
@@ -93,10 +98,20 @@ class RequestGroup(ABC):
     def samplers(self, seq: Sequence) -> list[Sequence]:
         return [seq]
 
+    def scored_prompt(self, seq: Sequence, num_tokens: int) -> tuple[range, int] | None:
+        """The positions of the prompt tokens that ``seq``'s next ``num_tokens`` tokens score, and
+        how many alternatives each lists; None when they score none (by default, none is asked for)."""
+        return None
+
     # -- after the step --------------------------------------------------------------------
     def fork(self, scheduler: Scheduler, sampled_by: Collection[int]) -> None:
         """New members share their parent's blocks (``sampled_by``: ids of the step's samplers)."""
         return None  # by default nothing forks here (a beam search forks its beams in ``settle``)
+
+    def receive_prompt(self, entries: list[TokenLogprobs]) -> None:
+        """The entries of the prompt tokens a row scored, in order (where :meth:`scored_prompt` said)."""
+        assert self.prompt_logprobs is not None  # only a request that asked has its prompt scored
+        self.prompt_logprobs.extend(entries)
 
     @abstractmethod
     def receive(self, scheduler: Scheduler, seq: Sequence, sampled: SamplerOutput, i: int) -> list[Sequence]:
@@ -126,10 +141,13 @@ class RequestGroup(ABC):
             text = tokenizer.decode(shown) if tokenizer is not None else ""
             if s.text_len is not None:
                 text = text[: s.text_len]
-            outs.append(CompletionOutput(s.sample_index, text, s.output_token_ids, s.finish_reason, s.stop_reason))
-        return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, outs, self.seqs[0].num_cached_tokens or 0
-        )
+            out = CompletionOutput(s.sample_index, text, s.output_token_ids, s.finish_reason, s.stop_reason)
+            if s.logprobs is not None:
+                out.cumulative_logprob, out.logprobs = s.cum_logprob, s.logprobs.decoded(tokenizer)
+            outs.append(out)
+        prompt_logprobs = None if self.prompt_logprobs is None else self.prompt_logprobs.decoded(tokenizer)
+        cached = self.seqs[0].num_cached_tokens or 0
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, cached, prompt_logprobs)
 
 
 def seeded_generator(params: SamplingParams, sample_index: int) -> torch.Generator | None:
@@ -173,6 +191,8 @@ class SampleGroup(RequestGroup):
         ]
         super().__init__(request_id, prompt, prompt_token_ids, params, seqs)
         self.unforked = seqs[1:] if can_fork else []  # fork from seqs[0] once its prompt is done
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs = LogprobsRecord([None])  # the first token has nothing before it
 
     def queue(self) -> list[Sequence]:
         return self.seqs[:1] if self.unforked else list(self.seqs)
@@ -182,6 +202,15 @@ class SampleGroup(RequestGroup):
 
     def samplers(self, seq: Sequence) -> list[Sequence]:
         return [seq, *self.unforked] if seq is self.seqs[0] else [seq]
+
+    def scored_prompt(self, seq: Sequence, num_tokens: int) -> tuple[range, int] | None:
+        """The first sample scores the prompt (the others share its blocks, or compute the same
+        prompt), the tokens not scored yet: a prompt recomputed after preemption is scored once."""
+        k, record = self.params.prompt_logprobs, self.prompt_logprobs
+        if k is None or record is None or seq is not self.seqs[0]:
+            return None
+        positions = prompt_positions(len(record), seq.num_computed_tokens, num_tokens, seq.num_prompt_tokens)
+        return (positions, k) if positions else None
 
     def fork(self, scheduler: Scheduler, sampled_by: Collection[int]) -> None:
         if not self.unforked or self.unforked[0].seq_id not in sampled_by:
@@ -210,7 +239,12 @@ class SampleGroup(RequestGroup):
         return f"n={params.n} samples"
 
     def receive(self, scheduler: Scheduler, seq: Sequence, sampled: SamplerOutput, i: int) -> list[Sequence]:
-        seq.token_ids.append(sampled.token_ids[i])
+        token = sampled.token_ids[i]
+        seq.token_ids.append(token)
+        if seq.logprobs is not None:
+            entry = sampled.logprobs[i]
+            seq.logprobs.extend([entry])
+            seq.cum_logprob += entry[token].logprob
         reason = scheduler.stop.check(seq, self.params)
         if reason is not None:
             scheduler.finish(seq, reason)

@@ -13,20 +13,35 @@ from dataclasses import dataclass, field
 # overflow to inf and give NaN probabilities (vLLM draws the line at the same value).
 GREEDY_BELOW = 1e-5
 MAX_SEED = 2**64 - 1
+# The most alternatives a logprobs entry may list (vLLM's default ``max_logprobs``, and OpenAI's cap
+# on ``top_logprobs``): every scored token makes up to k + 1 Logprob objects, all sent to the
+# client, so an unbounded k would let one request make the engine build and send the vocabulary.
+MAX_LOGPROBS = 20
 
 
-def _check_int(name: str, value: object, lowest: int, highest: int | None = None) -> None:
+def _check_int(name: str, value: object, lowest: int, highest: int | None = None) -> int:
     # bool is an int subclass in Python, but True as a count is a bug, not a request.
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if int(value) < lowest or (highest is not None and int(value) > highest):
         bounds = f">= {lowest}" if highest is None else f"in [{lowest}, {highest}]"
         raise ValueError(f"{name} must be {bounds}, got {value}")
+    return int(value)
 
 
 def _check_real(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _check_logprobs(name: str, k: object) -> int | None:
+    """``k`` as an int (None: not asked), within 0 .. MAX_LOGPROBS."""
+    if k is None:
+        return None
+    count = _check_int(name, k, 0)
+    if count > MAX_LOGPROBS:
+        raise ValueError(f"{name} must be <= MAX_LOGPROBS = {MAX_LOGPROBS} (vLLM's max_logprobs), got {k}")
+    return count
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,16 @@ class SamplingParams:
     of ``stop_token_ids`` (even with ``ignore_eos``), when its text contains one of the ``stop``
     strings (the text is cut before it), or after ``max_tokens``. Every field is checked here,
     so a bad value fails before anything is queued.
+
+    ``logprobs=k`` (0 .. ``MAX_LOGPROBS``) scores every generated token: its log-probability and
+    rank plus the ``k`` most likely tokens at that step (``k=0``: the sampled token alone), in
+    ``CompletionOutput.logprobs`` and ``cumulative_logprob``. ``prompt_logprobs=k`` scores every
+    prompt token given the ones before it (``RequestOutput.prompt_logprobs``; the first token's
+    entry is None). Both are the model's raw distribution, ``log_softmax`` of the fp32 logits
+    before temperature, top-k and top-p (vLLM V1's default, ``logprobs_mode="raw_logprobs"``; see
+    :mod:`minipaged.engine.logprobs`). A request that asks for ``prompt_logprobs`` does not read
+    the prefix cache, as in vLLM: a cached block has K/V but no logits, so its whole prompt is
+    computed (its blocks are still cached for other requests).
     """
 
     temperature: float = 1.0
@@ -51,6 +76,8 @@ class SamplingParams:
     n: int = 1
     stop: str | Sequence[str] | None = None
     stop_token_ids: Sequence[int] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     # Derived from temperature once, when the params are made (the sampler reads it every step).
     greedy: bool = field(init=False, repr=False, compare=False)
 
@@ -80,6 +107,8 @@ class SamplingParams:
         for i, t in enumerate(ids):
             _check_int(f"stop_token_ids[{i}]", t, 0)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+        for name in ("logprobs", "prompt_logprobs"):
+            object.__setattr__(self, name, _check_logprobs(name, getattr(self, name)))
         object.__setattr__(self, "greedy", self.temperature < GREEDY_BELOW)
 
 

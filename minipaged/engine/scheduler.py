@@ -18,10 +18,10 @@ units come back before waiting ones are admitted; waiting ones are admitted in F
 without changing anything and taken only once the unit is admitted.
 
 **Postprocess.** After the batch ran, the computed tokens are counted, the step's transaction
-commits (the blocks it filled reach the prefix cache), and each group that sampled takes its
-outcome in three phases: new samples fork from their finished prompt, each row's token is
-appended in row order (the stop rules finish what is done, freeing its blocks), and beam
-searches choose, fork and prune their beams.
+commits (the blocks it filled reach the prefix cache), the prompt logprobs it computed are kept,
+and each group that sampled takes its outcome in three phases: new samples fork from their
+finished prompt, each row's token is appended in row order (the stop rules finish what is done,
+freeing its blocks), and beam searches choose, fork and prune their beams.
 
 **Rollback.** If anything between ``schedule`` and ``postprocess`` fails, :meth:`rollback`
 puts every unit the step touched back in the waiting queue to be recomputed (see
@@ -272,14 +272,16 @@ class Scheduler:
 
     # -- after the step --------------------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, sampled: SamplerOutput) -> list[Sequence]:
-        """The batch ran: count its tokens, commit, and let each group that sampled take its
-        outcome (fork, append, choose beams, stop). Returns the sequences that moved on (beams:
-        the group's live and pruned ones)."""
+        """The batch ran: count its tokens, commit, keep the prompt logprobs it computed, and let
+        each group that sampled take its outcome (fork, append, choose beams, stop). Returns the
+        sequences that moved on (beams: the group's live and pruned ones)."""
         for seq, n, decode in zip(batch.seqs, batch.q_lens, batch.decode):
             if not decode:
                 self.num_prefill_tokens_computed += n
             seq.num_computed_tokens += n
         self.transaction().commit()  # the forward wrote the step's K/V: its filled blocks are published
+        for row, entries in sampled.prompt_logprobs.items():
+            batch.seqs[row].group.receive_prompt(entries)
         self.kv.mark_written()
         for hook in self.step_hooks:
             hook(batch)

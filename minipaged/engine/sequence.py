@@ -3,9 +3,10 @@
 A request becomes one or more sequences, held by its request group
 (:mod:`~minipaged.engine.request_group`): ``n`` samples, or the live beams of a beam search.
 Who writes what: the scheduler writes a sequence's ``status`` and its token counters; its group
-appends its tokens (and a beam's ``cum_logprob``); the KV manager writes its ``block_table`` and
-``block_hashes``; the stop rules (:class:`~minipaged.engine.request_group.StopChecker`) its
-``stop_reason`` and ``text_len``.
+appends its tokens (and a beam's ``cum_logprob``; a sample that asked for ``logprobs``, each
+token's entry and their sum); the KV manager writes its ``block_table`` and ``block_hashes``; the
+stop rules (:class:`~minipaged.engine.request_group.StopChecker`) its ``stop_reason`` and
+``text_len``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minipaged.engine.logprobs import LogprobsRecord, TokenLogprobs
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.kv.block_table import BlockTable
 
@@ -68,7 +70,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.text_len: int | None = None  # the output text is cut here (before a stop string)
-        self.cum_logprob = 0.0  # beams: log-probability of the generated tokens
+        self.cum_logprob = 0.0  # log-probability of the generated tokens (beams; samples asking for logprobs)
+        asks = isinstance(params, SamplingParams) and params.logprobs is not None
+        self.logprobs: LogprobsRecord[TokenLogprobs] | None = LogprobsRecord() if asks else None
         self.generator = generator  # a seeded sample's own random stream
         self.group: RequestGroup  # set by the request group that holds this sequence
 

@@ -74,7 +74,8 @@ class StepTransaction:
     def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int]) -> None:
         """A row of the batch for ``seq``'s ``num_tokens`` new tokens, starting at its computed
         ones. If the row reaches ``seq``'s last token, its group's samplers draw from its logits;
-        their random state is kept, to give the draw back on rollback."""
+        their random state is kept, to give the draw back on rollback. If it computes prompt
+        tokens whose logprobs its request asked for, the row scores them too."""
         b = self.batch
         row = len(b.seqs)
         b.seqs.append(seq)
@@ -82,6 +83,9 @@ class StepTransaction:
         b.starts.append(seq.num_computed_tokens)
         b.block_tables.append(block_table)
         b.decode.append(seq.is_decode(num_tokens))
+        scored = seq.group.scored_prompt(seq, num_tokens)
+        if scored is not None:
+            b.prompt_logprobs.append((row, *scored))
         if seq.num_computed_tokens + num_tokens == len(seq):
             for s in seq.group.samplers(seq):
                 b.samples.append((row, s))

@@ -37,8 +37,11 @@ class TritonBackend:
         return TritonPlan(meta.max_q_len, all(n == 1 for n in meta.host_q_lens))
 
     def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: PagedMetadata, plan: TritonPlan) -> Tensor:
+        qc = q.to(k_cache.dtype)  # the kernels take q in the cache's dtype (a bf16 cache under dtype="auto")
         if plan.decode:
-            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
-        return paged_prefill_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, max_q_len=plan.max_q_len
-        )
+            out = paged_decode_attention(qc, k_cache, v_cache, meta.block_tables, meta.context_lens)
+        else:
+            out = paged_prefill_attention(
+                qc, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, max_q_len=plan.max_q_len
+            )
+        return out.to(q.dtype)

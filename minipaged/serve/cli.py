@@ -39,7 +39,11 @@ def _engine_flags(parser: argparse.ArgumentParser) -> list[str]:
     from minipaged.engine.config import EngineConfig
 
     group = parser.add_argument_group("engine (the keywords of minipaged.LLM)")
-    group.add_argument("--dtype", default=argparse.SUPPRESS, help="float32 (default), bfloat16, float16")
+    group.add_argument(
+        "--dtype",
+        default=argparse.SUPPRESS,
+        help="auto (default: bf16 products and KV cache where the CPU multiplies bf16), float32, bfloat16, float16",
+    )
     group.add_argument("--device", default=argparse.SUPPRESS, help="cpu or cuda (default: cuda if available)")
     names = []
     for f in dataclasses.fields(EngineConfig):

@@ -24,6 +24,7 @@ from minipaged.engine.sampling_params import SamplingParams
 from minipaged.serve import protocol
 from minipaged.serve.deltas import TextStream
 from minipaged.serve.engine_loop import Submission
+from minipaged.serve.logprobs import LogprobsStream
 from minipaged.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 router = APIRouter()
@@ -107,8 +108,13 @@ async def _run(
     if outputs is None:  # the client left: nobody to answer
         return Response(status_code=499)
     if chat:
-        return JSONResponse(protocol.chat_response(response_id, server.model_name, outputs[0]))
+        return JSONResponse(protocol.chat_response(response_id, server.model_name, outputs[0], _top_logprobs(req)))
     return JSONResponse(protocol.completion_response(response_id, server.model_name, outputs, req.n))
+
+
+def _top_logprobs(req: SamplingRequest) -> int:
+    """The alternatives a chat answer lists per token: its ``top_logprobs`` (0 if it asked for none)."""
+    return req.num_logprobs() or 0
 
 
 async def _collect(events: asyncio.Queue, count: int) -> list[RequestOutput]:
@@ -188,11 +194,13 @@ async def _latest_outputs(events: asyncio.Queue) -> dict[int, RequestOutput]:
 
 
 class _Choices:
-    """The choices of one streamed response: the text each has been sent so far, and those finished."""
+    """The choices of one streamed response: the text and logprobs each has been sent so far, and
+    those finished. A token's logprobs go with the first chunk sent after it arrived."""
 
     def __init__(self, req: SamplingRequest, response_id: str, model: str, chat: bool) -> None:
         self.req, self.response_id, self.model, self.chat = req, response_id, model, chat
         self.texts: dict[int, TextStream] = {}  # choice index -> what it was sent (stop strings held back)
+        self.logprobs: dict[int, LogprobsStream] = {}  # choice index -> the tokens whose logprobs it was sent
         self.closed: set[int] = set()  # choices whose last chunk was sent
 
     def chunks(self, prompt_index: int, out: RequestOutput) -> Iterator[str]:
@@ -204,7 +212,10 @@ class _Choices:
             done = c.finish_reason is not None
             piece = self.texts.setdefault(index, TextStream(self.req.stop_strings)).delta(c.text, done)
             if piece or done:
-                chunk = protocol.stream_chunk(self.response_id, self.model, self.chat, index, piece, c.finish_reason)
+                lp = self.logprobs.setdefault(index, LogprobsStream(self.chat, _top_logprobs(self.req))).delta(c)
+                chunk = protocol.stream_chunk(
+                    self.response_id, self.model, self.chat, index, piece, c.finish_reason, lp
+                )
                 yield protocol.sse(chunk)
             if done:
                 self.closed.add(index)

@@ -149,7 +149,9 @@ class EngineInputs:
         if not 1 <= req.n <= self.max_num_seqs:
             raise APIError(400, f"n: must be in [1, max_num_seqs={self.max_num_seqs}], got {req.n}", "n")
         extra = self._stop_fields(req)
-        values: dict[str, Any] = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
+        values: dict[str, Any] = dict(
+            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed, logprobs=req.num_logprobs()
+        )
         try:
             params = SamplingParams(
                 max_tokens=max_tokens,

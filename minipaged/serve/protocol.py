@@ -4,9 +4,12 @@ A request body is parsed with :func:`parse` into a pydantic model (:class:`Compl
 :class:`ChatCompletionRequest`). The models are strict, as a teaching server should be: ``"16"``
 is not an int, ``true`` is not a count, ``NaN`` is not a temperature, and an unknown field (a
 typo such as ``max_token``) is refused instead of silently ignored. OpenAI fields that minipaged
-does not implement (``logprobs``, penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``,
-and vLLM's ``repetition_penalty``, ``min_p``, ``min_tokens``) are accepted only at their neutral
-value, so a client that always sends them (vLLM's serving benchmark does) still works.
+does not implement (penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``, ``top_logprobs``
+on completions, and vLLM's ``repetition_penalty``, ``min_p``, ``min_tokens``) are accepted only
+at their neutral value, so a client that always sends them (vLLM's serving benchmark does) still
+works. Log-probabilities are implemented (:mod:`minipaged.serve.logprobs`): ``logprobs: k`` on
+completions, ``logprobs: true`` with ``top_logprobs: k`` on chat completions, ``k`` in
+``0 .. MAX_LOGPROBS`` (20, vLLM's ``max_logprobs``).
 
 Every refusal is an :class:`APIError`, answered as OpenAI answers errors::
 
@@ -19,11 +22,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictBool, StrictInt, StrictStr, ValidationError
 
 from minipaged.engine.outputs import RequestOutput
+from minipaged.engine.sampling_params import MAX_LOGPROBS
+from minipaged.serve.logprobs import choice_logprobs
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -66,9 +72,7 @@ def _is_zero(x: object) -> bool:
 
 
 # OpenAI fields minipaged does not implement, and what counts as "not used" for each.
-NEUTRAL = {
-    "logprobs": lambda v: v is None or v is False,
-    "top_logprobs": _is_zero,
+NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "presence_penalty": _is_zero,
     "frequency_penalty": _is_zero,
     "logit_bias": lambda v: v is None or v == {},
@@ -99,8 +103,6 @@ class SamplingRequest(_Strict):
     ignore_eos: StrictBool = False
     user: StrictStr | None = None  # shown as the request's owner on the projector
     # accepted only at their neutral value (see NEUTRAL)
-    logprobs: Any = None
-    top_logprobs: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
     logit_bias: Any = None
@@ -109,10 +111,24 @@ class SamplingRequest(_Strict):
     min_p: Any = None
     min_tokens: Any = None
 
+    unsupported: ClassVar[dict[str, Callable[[Any], bool]]] = NEUTRAL
+
     def check_unsupported(self) -> None:
-        for name, unused in NEUTRAL.items():
+        for name, unused in self.unsupported.items():
             if not unused(getattr(self, name, None)):
                 raise APIError(400, f"{name}: not supported by minipaged (leave it out)", name)
+
+    def num_logprobs(self) -> int | None:
+        """``SamplingParams.logprobs``: the alternatives listed per token (None: no logprobs)."""
+        return None
+
+    @staticmethod
+    def _count(name: str, k: int) -> int:
+        if not 0 <= k <= MAX_LOGPROBS:
+            raise APIError(
+                400, f"{name}: must be in [0, {MAX_LOGPROBS}] (vLLM's max_logprobs: {MAX_LOGPROBS}), got {k}", name
+            )
+        return k
 
     @property
     def stop_strings(self) -> list[str]:
@@ -121,8 +137,14 @@ class SamplingRequest(_Strict):
 
 class CompletionRequest(SamplingRequest):
     prompt: Any = None  # a string, token ids, or a list of either: checked by prompts()
+    logprobs: StrictInt | None = None  # the alternatives listed per token (0: the token alone)
     echo: Any = None
     suffix: Any = None
+    top_logprobs: Any = None  # chat's field: here accepted only at its neutral value
+    unsupported = {**NEUTRAL, "top_logprobs": _is_zero}
+
+    def num_logprobs(self) -> int | None:
+        return None if self.logprobs is None else self._count("logprobs", self.logprobs)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts of this request, one list entry per prompt; APIError for anything else."""
@@ -158,6 +180,15 @@ class ChatMessage(_Strict):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: StrictInt | None = None  # OpenAI's newer name for max_tokens
+    logprobs: StrictBool | None = None  # whether each token's logprob is returned
+    top_logprobs: StrictInt | None = None  # with logprobs: true, the alternatives listed per token
+
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:  # as OpenAI and vLLM refuse it
+                raise APIError(400, "top_logprobs: needs logprobs: true", "top_logprobs")
+            return None
+        return self._count("top_logprobs", self.top_logprobs or 0)
 
     @property
     def output_cap(self) -> int | None:
@@ -183,6 +214,7 @@ def parse(model: type[Req], body: bytes) -> Req:
     except ValidationError as e:
         raise validation_error(e) from None
     request.check_unsupported()
+    request.num_logprobs()  # its counts checked with the other fields, before the prompt is read
     return request
 
 
@@ -218,7 +250,12 @@ def usage(outputs: list[RequestOutput]) -> dict:
 
 def completion_response(response_id: str, model: str, outputs: list[RequestOutput], n: int) -> dict:
     choices = [
-        {"index": choice_index(i, c.index, n), "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+        {
+            "index": choice_index(i, c.index, n),
+            "text": c.text,
+            "logprobs": choice_logprobs(c, chat=False, k=0),
+            "finish_reason": c.finish_reason,
+        }
         for i, o in enumerate(outputs)
         for c in o.outputs
     ]
@@ -232,9 +269,15 @@ def completion_response(response_id: str, model: str, outputs: list[RequestOutpu
     }
 
 
-def chat_response(response_id: str, model: str, output: RequestOutput) -> dict:
+def chat_response(response_id: str, model: str, output: RequestOutput, top_logprobs: int) -> dict:
+    """``top_logprobs``: the alternatives each token lists, when the request asked for logprobs."""
     choices = [
-        {"index": c.index, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
+        {
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": choice_logprobs(c, chat=True, k=top_logprobs),
+            "finish_reason": c.finish_reason,
+        }
         for c in output.outputs
     ]
     return {
@@ -247,13 +290,22 @@ def chat_response(response_id: str, model: str, output: RequestOutput) -> dict:
     }
 
 
-def stream_chunk(response_id: str, model: str, chat: bool, index: int, text: str | None, finish: str | None) -> dict:
-    """One streamed piece of one choice. ``text=None`` on a chat stream's first chunk: the role."""
+def stream_chunk(
+    response_id: str,
+    model: str,
+    chat: bool,
+    index: int,
+    text: str | None,
+    finish: str | None,
+    logprobs: dict | None = None,
+) -> dict:
+    """One streamed piece of one choice. ``text=None`` on a chat stream's first chunk: the role.
+    ``logprobs``: those of the tokens new in this chunk, in the API's shape, if asked for."""
     if chat:
         delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
-        choice = {"index": index, "delta": delta, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
     kind = "chat.completion.chunk" if chat else "text_completion"
     return {"id": response_id, "object": kind, "created": int(time.time()), "model": model, "choices": [choice]}
 

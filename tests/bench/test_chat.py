@@ -12,10 +12,11 @@ from minipaged.bench import chat
 
 @pytest.mark.slow  # builds random:smollm2-135m (134.5M parameters) and a transformers twin
 def test_quick_bench_chat_prints_its_three_parts_and_their_ratios(capsys):
-    figures = chat.main(["--model", "random:smollm2-135m", "--quick"])
+    figures = chat.main(["--model", "random:smollm2-135m", "--quick", "--dtype", "float32"])
     out = capsys.readouterr().out
-    assert out.startswith("random:smollm2-135m: 538 MB of torch.float32 weights")
-    assert figures["weight_bytes"] == 134_515_008 * 4  # tied embeddings counted once, fused views once
+    # every weight but the 61 RMSNorm vectors (35,136 numbers), the tied LM head counted once, in fp32
+    assert figures["weight_bytes"] == (134_515_008 - 35_136) * 4
+    assert out.startswith("random:smollm2-135m: float32, 538 MB of weights read a step")
     # (a): one line per number of chats, ratio = our tokens/s over theirs
     rows = figures["rows"]
     assert [r.chats for r in rows] == [1, 2]
@@ -40,6 +41,13 @@ def test_quick_bench_chat_prints_its_three_parts_and_their_ratios(capsys):
             parts["step"]
         )
         assert re.search(rf"^\s+{n} rows  step .*outside the forward .*attention .*rest of the forward", out, re.M)
+    # (d): the step at 1 and 2 rows in fp32 and auto, each over its own 1-row step
+    curve = figures["curve"]
+    assert list(curve) == ["float32", "auto"] and all(len(c) == 2 and min(c) > 0 for c in curve.values())
+    line = re.search(r"^\s+2 rows  float32 .*$", out, re.M)
+    assert line is not None
+    for d, c in curve.items():
+        assert f"{d} {1e3 * c[1]:6.1f} ({c[1] / c[0]:.2f}x)" in line.group()
 
 
 def test_chat_prompts_are_random_ids_without_a_tokenizer_and_templated_with_one():

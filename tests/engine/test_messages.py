@@ -95,7 +95,7 @@ def test_one_sampling_params_per_conversation_or_refused(copy_llm):
 # -- the real chat model -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def real_llm(real_model) -> LLM:
-    return LLM(real_model, enable_prefix_caching=True)
+    return LLM(real_model, dtype="float32", enable_prefix_caching=True)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import torch
 from test_model_parity import logits
 
 from minipaged.model import load_model
+from minipaged.model.products import PackedBF16Product, Product
 
 
 def test_fused_model_gives_the_same_logits_and_keeps_its_state_dict(hf_checkpoint, prompts):
@@ -20,13 +21,13 @@ def test_fused_model_gives_the_same_logits_and_keeps_its_state_dict(hf_checkpoin
         assert torch.equal(value, before[name]), name
     attn, mlp = fused.model.layers[0].self_attn, fused.model.layers[0].mlp
     assert attn.qkv is not None and mlp.gate_up is not None
-    qkv, _ = attn.qkv
+    qkv = attn.qkv.weight
     assert qkv.shape == (attn.q_proj.out_features + 2 * attn.k_proj.out_features, attn.q_proj.in_features)
     # the separate weights are views of the stacked one: the values live once
     assert attn.v_proj.weight.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
-    assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up[0].untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up.weight.untyped_storage().data_ptr()
     fused.fuse()  # twice changes nothing
-    assert fused.model.layers[0].self_attn.qkv[0] is qkv
+    assert fused.model.layers[0].self_attn.qkv.weight is qkv
     with torch.inference_mode():
         for p in prompts:
             torch.testing.assert_close(logits(fused, p), logits(plain, p), rtol=1e-5, atol=1e-5)
@@ -37,8 +38,44 @@ def test_loading_into_a_fused_model_updates_the_stacked_weights(hf_checkpoint, p
     fused = load_model(folder)[0].fuse()
     state = {k: torch.zeros_like(v) if k.endswith("k_proj.weight") else v for k, v in fused.state_dict().items()}
     fused.load_state_dict(state)  # in place, into the views
-    qkv, _ = fused.model.layers[1].self_attn.qkv
+    qkv = fused.model.layers[1].self_attn.qkv.weight
     q_rows = fused.model.layers[1].self_attn.q_proj.out_features
     k_rows = fused.model.layers[1].self_attn.k_proj.out_features
     assert torch.count_nonzero(qkv[q_rows : q_rows + k_rows]) == 0
     assert torch.count_nonzero(qkv[:q_rows]) > 0
+
+
+def test_bf16_products_stay_close_to_fp32_and_keep_the_state_dict(hf_checkpoint, prompts):
+    """pack_bf16(): every product in prepacked bf16 (dtype="auto" on a CPU with bf16 arithmetic)."""
+    _, folder = hf_checkpoint
+    plain = load_model(folder)[0].fuse()
+    packed = load_model(folder)[0].fuse()
+    before = {k: v.clone() for k, v in packed.state_dict().items()}
+    assert packed.pack_bf16() is packed
+    assert isinstance(packed.model.layers[0].mlp.down, PackedBF16Product)
+    assert type(packed.head) is Product  # the LM head stays fp32: fp32 logits
+    for name, value in packed.state_dict().items():
+        assert value.dtype == torch.float32 and torch.equal(value, before[name]), name
+    agree = []
+    with torch.inference_mode():
+        for p in prompts:
+            want, got = logits(plain, p), logits(packed, p)
+            assert got.dtype == torch.float32 and not torch.equal(got, want)  # bf16 rounding shows
+            # random weights (initializer_range 0.5) amplify rounding; a real model's are far closer
+            # (tests/model/test_gguf_parity.py holds SmolLM2's answers and perplexity to fp32's)
+            assert (got - want).abs().max() < 0.1 * want.abs().max()
+            assert (got - want).abs().mean() < 0.05 * want.abs().mean()
+            agree += (got.argmax(-1) == want.argmax(-1)).tolist()
+    assert sum(agree) >= 0.85 * len(agree)  # near-ties of random logits may flip
+
+
+def test_a_packed_bf16_product_is_exactly_bf16_f_linear_returned_in_the_inputs_dtype():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+    packed = PackedBF16Product(weight, bias)
+    for rows in (0, 1, 7, 33):
+        x = torch.randn(rows, 32)
+        y = packed(x)
+        assert y.dtype == torch.float32 and y.shape == (rows, 48)
+        want = torch.nn.functional.linear(x.bfloat16(), weight.bfloat16(), bias.bfloat16()).float()
+        assert torch.equal(y, want)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def llm(real_model):
-    return LLM(real_model, max_model_len=1024, max_num_seqs=NUM_CHATS)
+    return LLM(real_model, dtype="float32", max_model_len=1024, max_num_seqs=NUM_CHATS)
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,33 @@ def test_answers_the_capital_of_france(llm):
     prompt = llm.tokenizer.encode(llm.tokenizer.chat_template.render(msgs), add_special_tokens=False)
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
     assert out[0].outputs[0].text == "The capital of France is Paris."
+
+
+def _perplexity(model: torch.nn.Module, texts: list[list[int]]) -> float:
+    """exp(mean next-token negative log-likelihood) over ``texts``, each run whole without a cache."""
+    nll, count = 0.0, 0
+    with torch.inference_mode():
+        for ids in texts:
+            logits = model(torch.tensor(ids), torch.arange(len(ids)), RecomputeAttention(torch.tensor([0, len(ids)])))
+            logp = torch.log_softmax(logits[:-1].float(), dim=-1)
+            nll -= logp.gather(1, torch.tensor(ids[1:])[:, None]).sum().item()
+            count += len(ids) - 1
+    return float(torch.exp(torch.tensor(nll / count)))
+
+
+def test_auto_dtype_keeps_the_answers_of_float32(llm, real_model, chat_prompts, sharegpt_turns):
+    """dtype="auto" (bf16 products and KV cache where the CPU multiplies bf16): the first greedy
+    token of 32 real chats equals fp32's on at least 95% of them, the capital of France stays
+    Paris, and perplexity on held-out ShareGPT text is within 1% of fp32's."""
+    auto = LLM(real_model, max_model_len=1024, max_num_seqs=NUM_CHATS)  # the default dtype
+    first = SamplingParams(temperature=0, max_tokens=1)
+    want = [o.outputs[0].token_ids for o in llm.generate(chat_prompts, first, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in auto.generate(chat_prompts, first, use_tqdm=False)]
+    same = sum(a == b for a, b in zip(got, want))
+    print(f"{auto.precision.name}: first greedy token equal to float32 on {same}/{len(want)} chats")
+    assert same >= 0.95 * len(want)
+    test_answers_the_capital_of_france(auto)
+    texts = [llm.tokenizer.encode(t[:600], add_special_tokens=False) for t in sharegpt_turns[1::13][:24]]
+    exact, ours = _perplexity(llm.model, texts), _perplexity(auto.model, texts)
+    print(f"ShareGPT perplexity: float32 {exact:.3f}, {auto.precision.name} {ours:.3f}")
+    assert abs(ours / exact - 1) < 0.01
