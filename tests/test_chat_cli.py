@@ -20,7 +20,8 @@ from minipaged.chat import ChatSession, figure
 from minipaged.engine.outputs import CompletionOutput, RequestOutput
 
 FIGURE = re.compile(r"\[(stopped; )?(\d+) prompt tokens, (\d+) from the prefix cache\]")
-TIMEOUT = 600  # seconds: a busy 2-core machine decodes a token a second or slower
+TIMEOUT = 600  # seconds: a hang guard for one wait (a busy 2-core machine decodes a token a second or slower)
+STORY_TOKENS = 400  # the story's length, had nothing stopped it
 
 
 def chat_command(real_model: str, *options: str) -> list[str]:
@@ -41,7 +42,7 @@ def test_a_model_that_cannot_chat_is_refused_at_the_start():
 
 @pytest.mark.slow
 def test_the_oldest_exchanges_go_when_the_conversation_outgrows_the_model(real_model):
-    llm = LLM(real_model, enable_prefix_caching=True)
+    llm = LLM(real_model, dtype="float32", enable_prefix_caching=True)
     alone = ChatSession(llm, SamplingParams(temperature=0), system="Be brief.").prompt_ids("What is a block?")
     # room for the message alone and its answer, but not for an earlier exchange as well
     session = ChatSession(llm, SamplingParams(temperature=0, max_tokens=llm.max_model_len - len(alone)), "Be brief.")
@@ -71,8 +72,15 @@ def test_piped_lines_are_a_conversation_whose_later_turns_hit_the_prefix_cache(r
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_answer_and_the_session_goes_on(real_model):
+    """Three turns in a terminal: an answer, a story stopped by Ctrl-C, an answer again.
+
+    The story (greedy) runs to ``--max-tokens`` without an end-of-sequence token: the Ctrl-C,
+    sent once its first words are out, lands hundreds of tokens before its end, whatever the
+    machine's speed. Every step waits for what the chat prints (its prompt, the answer's words,
+    the figure after it), and the test reads on to the end of the output.
+    """
     pexpect = pytest.importorskip("pexpect")
-    command = chat_command(real_model, "--max-tokens", "200")
+    command = chat_command(real_model, "--max-tokens", str(STORY_TOKENS))
     env = {**os.environ, "TERM": "dumb"}
     # As a terminal starts it: with Ctrl-C's default action, even when these tests run from a shell
     # that ignores SIGINT (a background job does), which the chat would inherit.
@@ -80,33 +88,37 @@ def test_ctrl_c_stops_the_answer_and_the_session_goes_on(real_model):
         command[0], command[1:], env=env, encoding="utf-8", timeout=TIMEOUT,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
-    try:
-        child.expect_exact("you> ")
-        stopped = False
-        for _ in range(3):
-            child.sendline("Write a long story about a cat who lives in a library.")
-            child.expect(r"model> \S+ \S+ \S+")  # a few words of the answer have been streamed
-            child.kill(signal.SIGINT)  # what Ctrl-C in a terminal sends (a ^C byte can be lost in a busy pty)
-            child.expect(FIGURE)
-            stopped = child.match.group(1) == "stopped; "
-            if stopped:
-                break
-            # On a machine too busy to read the stream while it came, the whole answer was out
-            # before the Ctrl-C: it reaches the prompt instead, which says how to leave (or, sent
-            # as the prompt was being drawn, it is not seen at all). Again.
-            child.expect_exact("you> ")
-            if child.expect_exact(["leaves)", pexpect.TIMEOUT], timeout=10) == 0:
-                child.expect_exact("you> ")
-        assert stopped, "three answers ran to their end through a Ctrl-C"
-        child.expect_exact("you> ")
-        child.sendline("What is the capital of France?")
+
+    def turn(message: str) -> re.Match:
+        child.expect_exact("you> ")  # the chat waits for a message
+        child.sendline(message)
         child.expect(FIGURE)
-        assert child.match.group(1) is None  # this answer ran to its end
-        assert int(child.match.group(3)) >= 16  # the first turn's blocks served the second
-        assert "Paris" in child.before
+        return child.match
+
+    try:
+        first = turn("What is the capital of France?")
+        assert first.group(1) is None and int(first.group(3)) == 0 and "Paris" in child.before
+
+        child.expect_exact("you> ")
+        child.sendline("Write a long story about a cat who lives in a library.")
+        child.expect(r"model> \S+ \S+ \S+")  # the chat is streaming the answer: Ctrl-C now stops it
+        child.kill(signal.SIGINT)  # what Ctrl-C in a terminal sends (a ^C byte can be lost in a busy pty)
+        child.expect(FIGURE)
+        stopped = child.match
+        assert stopped.group(1) == "stopped; ", f"the story ran to its end through a Ctrl-C: {child.before[-300:]!r}"
+        assert int(stopped.group(3)) >= 16  # the first turn's blocks served the second
+
+        # its words depend on how much of the story was shown when the Ctrl-C landed: its figure is checked
+        third = turn("What is the capital of France?")
+        assert third.group(1) is None  # this answer ran to its end
+        # the stopped exchange, with what was shown of the story, stays in the conversation: the
+        # third prompt is longer than the second, and starts with it (served by the prefix cache)
+        prompt = int(stopped.group(2))
+        assert int(third.group(2)) > prompt and int(third.group(3)) >= 16 * (prompt // 16)
+
         child.expect_exact("you> ")
         child.sendeof()  # Ctrl-D leaves
-        child.expect(pexpect.EOF)
+        child.expect(pexpect.EOF)  # read to the end of the output
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, child.before

@@ -177,7 +177,7 @@ def test_step_timer_splits_a_step_and_puts_the_engine_back():
     assert list(shares) == [*PHASES, "other"]
     assert sum(shares.values()) == pytest.approx(1.0)
     assert all(shares[p] > 0 for p in PHASES)
-    assert shares["forward"] > shares["sample"]
+    assert timer.seconds["forward"] >= timer.seconds["attention"]  # attention is timed inside the forward
     # the wrappers are gone: the engine runs its own methods again
     assert "schedule" not in vars(llm.scheduler) and "prepare" not in vars(llm.runner)
     assert "forward" not in vars(llm.model) and "run_step" not in vars(llm) and "sample" not in vars(llm.runner)

@@ -24,8 +24,9 @@ from browser.jupyterlab import JupyterLab, NotebookPage, find_chromium
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-RUN_TIMEOUT_MS = 240_000  # one notebook's Run All Cells; they take well under a minute here
-CHANGE_TIMEOUT_MS = 60_000  # a slider's observer redrawing its picture
+RUN_TIMEOUT_MS = 600_000  # hang guard: one notebook's Run All Cells (well under a minute unloaded)
+CHANGE_TIMEOUT_MS = 300_000  # hang guard: a slider's observer redrawing its picture
+DEFAULT_TIMEOUT_MS = 300_000  # hang guard: any other wait (a menu item to appear, a click to land)
 
 
 def notebook(prefix: str) -> Path:
@@ -70,7 +71,7 @@ def browser_context(tmp_path_factory):
     with JupyterLab(root, tmp_path_factory.mktemp("jupyter")) as lab, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True)
         context = browser.new_context(viewport={"width": 1280, "height": 800})
-        context.set_default_timeout(30_000)
+        context.set_default_timeout(DEFAULT_TIMEOUT_MS)
         yield lab, context
         browser.close()
 
@@ -85,7 +86,9 @@ def test_notebook_runs_and_its_slider_redraws_the_picture(browser_context, prefi
 
         for width, height in [(1280, 800), (853, 533)]:  # 853x533: 1280x800 at 150% zoom
             nb.page.set_viewport_size({"width": width, "height": height})
-            nb.page.wait_for_timeout(500)  # let the layout settle
+            # Lumino lays the widgets out again in a message it posts on resize, run at the next
+            # animation frame: two frames on, the layout is the new viewport's
+            nb.js("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
             fit = nb.js("window.minipaged.widgetFit()")
             record_property(f"widget_fit_{width}x{height}", json.dumps(fit))
             if problems := [p for box in fit for p in box["problems"]]:  # reported, not (yet) asserted
@@ -110,7 +113,8 @@ def test_notebook_runs_and_its_slider_redraws_the_picture(browser_context, prefi
         after = nb.js("window.minipaged.imageDigests()")
         assert after != before, (
             f"{prefix}: moving {slider['label']!r} from {slider['readout']} to "
-            f"{nb.js('window.minipaged.readout()')} left its picture unchanged"
+            f"{nb.js('window.minipaged.readout()')} left its picture unchanged (a hang guard: "
+            f"{CHANGE_TIMEOUT_MS // 1000} s)"
         )
         nb.wait_for("window.minipaged.kernelIdle()", "the kernel to be idle after the redraw")
         assert nb.errors() == [], f"{prefix}: moving the slider produced errors"
@@ -144,13 +148,18 @@ def test_unrun_notebook_shows_its_widget_pictures(browser_context, prefix):
         )
         for i in cells
     ]
+    shown_js = f"""{json.dumps(cells)}.map((i) => {{
+        const cell = window.minipaged.panel().querySelectorAll('.jp-Cell')[i];
+        return [cell.querySelectorAll('.jp-OutputArea-output img').length,
+                cell.querySelector('.jp-OutputArea')?.innerText ?? ''];
+    }})"""
     nb = NotebookPage(context, lab, name)
     try:
-        shown = nb.js(f"""{json.dumps(cells)}.map((i) => {{
-            const cell = window.minipaged.panel().querySelectorAll('.jp-Cell')[i];
-            return [cell.querySelectorAll('.jp-OutputArea-output img').length,
-                    cell.querySelector('.jp-OutputArea')?.innerText ?? ''];
-        }})""")
+        # the outputs render after the cells appear: wait until each widget cell shows its pictures,
+        # or the widget's text in their place (the failure checked below)
+        settled = f"([images, text], k) => images >= {json.dumps(pictures)}[k] || text.includes('Box(children=')"
+        nb.wait_for(f"{shown_js}.every({settled})", "the widget outputs to render")
+        shown = nb.js(shown_js)
         for i, expected, (images, text) in zip(cells, pictures, shown):
             assert "Box(children=" not in text and images >= expected, (
                 f"{prefix}, cell {i}: {images} pictures for {expected} picture outputs; it shows {text[:200]!r}"

@@ -19,6 +19,7 @@ from browser.jupyterlab import find_chromium
 from minipaged.course.lectures import COMMITTED, load_decks
 
 pytestmark = pytest.mark.browser
+HANG_MS = 120_000  # a hang guard for each wait (the decks are local files: none comes near it)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 
@@ -46,14 +47,14 @@ def test_a_committed_deck_opens_with_its_slides_notes_and_figures(browser, deck)
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         page.goto((COMMITTED / f"{deck.name}.html").as_uri(), wait_until="load")
-        page.wait_for_function("window.Reveal && Reveal.isReady()", timeout=30_000)
+        page.wait_for_function("window.Reveal && Reveal.isReady()", timeout=HANG_MS)
         assert page.evaluate("Reveal.getTotalSlides()") == len(deck.slides)
         notes = page.evaluate("Reveal.getSlides().map(s => (Reveal.getSlideNotes(s) || '').trim().length)")
         assert len(notes) == len(deck.slides) and min(notes) > 0, notes
         widths = page.evaluate("Array.from(document.querySelectorAll('.reveal img')).map(i => i.naturalWidth)")
         assert len(widths) == sum(1 for s in deck.slides if s.figure) and min(widths) > 300, widths
         page.keyboard.press("ArrowRight")
-        page.wait_for_function("Reveal.getIndices().h === 1", timeout=10_000)
+        page.wait_for_function("Reveal.getIndices().h === 1", timeout=HANG_MS)
         assert not failed, f"{deck.name}: requests failed: {failed}"
         assert not errors, f"{deck.name}: errors: {errors}"
     finally:

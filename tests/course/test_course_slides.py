@@ -69,13 +69,13 @@ def test_decks_open_offline_in_chromium(decks):
                 page.on("console", lambda m, errors=errors: m.type == "error" and errors.append(m.text))
                 page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
                 page.goto(deck.as_uri(), wait_until="load")
-                page.wait_for_function("window.Reveal && Reveal.isReady()", timeout=30_000)
+                page.wait_for_function("window.Reveal && Reveal.isReady()", timeout=120_000)  # a hang guard
                 assert page.evaluate("Reveal.getTotalSlides()") >= 10, deck.name
                 assert page.locator(".reveal .slides section").count() >= 10
                 if deck.name.startswith("00"):  # $$ ... $$ typeset by MathJax, as the browser's MathML
-                    page.wait_for_selector("math", state="attached", timeout=30_000)
+                    page.wait_for_selector("math", state="attached", timeout=120_000)  # a hang guard
                 page.keyboard.press("ArrowRight")  # reveal.js moves to the next section
-                page.wait_for_function("Reveal.getIndices().h === 1", timeout=10_000)
+                page.wait_for_function("Reveal.getIndices().h === 1", timeout=120_000)  # a hang guard
                 assert not failed, f"{deck.name}: requests failed: {failed}"
                 assert not errors, f"{deck.name}: errors: {errors}"
                 page.close()

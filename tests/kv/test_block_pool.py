@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -43,25 +41,32 @@ def test_queue_errors():
         q.popleft()
 
 
-@pytest.mark.slow
 def test_queue_ops_are_constant_time():
-    """Removing from the middle of a 200k-long queue costs the same as from a 200-long one."""
+    """Removing from the middle of a 200k-long queue touches as many links as in a 200-long one
+    (counted, not timed: a linear remove would walk ~1000x more links)."""
 
-    def cost(n: int) -> float:
-        blocks = [KVCacheBlock(i) for i in range(n)]
+    class CountingBlock(KVCacheBlock):
+        touches = 0
+
+        def __getattribute__(self, name: str) -> object:
+            if name in ("prev_free_block", "next_free_block"):
+                CountingBlock.touches += 1
+            return super().__getattribute__(name)
+
+    def cost(n: int) -> int:
+        blocks = [CountingBlock(i) for i in range(n)]
         q = FreeBlockQueue(blocks)
         middle = blocks[n // 2 - 100 : n // 2 + 100]
-        start = time.perf_counter()
+        CountingBlock.touches = 0
         for _ in range(20):
             for b in middle:
                 q.remove(b)
             for b in middle:
                 q.append(b)
             q.append(q.popleft())
-        return time.perf_counter() - start
+        return CountingBlock.touches
 
-    small, large = min(cost(200) for _ in range(3)), min(cost(200_000) for _ in range(3))
-    assert large < 10 * small  # a linear remove would be ~1000x slower
+    assert cost(200) == cost(200_000) > 0
 
 
 def test_block_repr_hides_links():

@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-TIMEOUT_MS = 60_000
+TIMEOUT_MS = 300_000  # a hang guard for every wait in a page: a waiting test waits for an event, not a time
 
 if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
     collect_ignore_glob = ["test_*.py"]

@@ -12,7 +12,7 @@ import json
 import threading
 
 import pytest
-from serve.harness import ServerThread, wait_until
+from serve.harness import HANG, ServerThread, recording_page, replaced, together
 
 from minipaged import LLM, SamplingParams
 from minipaged.__main__ import main
@@ -39,11 +39,11 @@ def classroom(real_model):
 
 @pytest.fixture(scope="module")
 def reference(real_model):
-    return LLM(real_model, enable_prefix_caching=True, **ENGINE)
+    return LLM(real_model, dtype="float32", enable_prefix_caching=True, **ENGINE)
 
 
 def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="any", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="any", max_retries=0, timeout=HANG)
 
 
 def generate(llm: LLM, messages: list[dict], max_tokens: int) -> tuple[str, int]:
@@ -107,21 +107,30 @@ def test_every_students_chat_holds_the_system_prompts_blocks(classroom):
             model=name, messages=[question], max_tokens=24, temperature=0, user=label, extra_body={"ignore_eos": True}
         )
 
+    # every frame the engine thread publishes, kept here as it is published (live.frames keeps only
+    # the last few, and a slow machine publishes many while four answers run)
+    published: dict[int, str] = {}
+    publish = live.publish
+
+    def recorded(*args, **kwargs) -> None:
+        publish(*args, **kwargs)
+        number, text = live.frames[-1]
+        published[number] = text
+
     threads = [threading.Thread(target=chat, args=(label,)) for label in labels]
-    for t in threads:
-        t.start()
-    seen: list[dict] = []
+    with replaced(live, "publish", recorded), together(classroom, STUDENTS):  # all four run at once
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(HANG)
+        assert not any(t.is_alive() for t in threads), "hang guard: the students' chats did not end"
 
-    def all_students_running() -> bool:
-        frame = json.loads(live.frames[-1][1])
+    def all_students_running(frame: dict) -> bool:
         running = [r for r in frame["running"] if r["label"] in labels and len(r["samples"][0]["blocks"]) > k]
-        if len(running) == STUDENTS:
-            seen.append(frame)
-        return bool(seen)
+        return len(running) == STUDENTS
 
-    wait_until(all_students_running, timeout=300, what=f"{STUDENTS} students' chats running together")
-    for t in threads:
-        t.join(300)
+    seen = [f for f in (json.loads(published[n]) for n in sorted(published)) if all_students_running(f)]
+    assert seen, f"none of {len(published)} frames shows {STUDENTS} students' chats running together"
     frame = seen[0]
     tables = [r["samples"][0]["blocks"] for r in frame["running"] if r["label"] in labels]
     lesson = tables[0][:k]
@@ -132,7 +141,7 @@ def test_every_students_chat_holds_the_system_prompts_blocks(classroom):
 
 @pytest.mark.browser
 def test_try_is_a_chat_box(browser, classroom, reference):
-    page = browser.new_page()
+    page = recording_page(browser)
     page.goto(f"{classroom.url}/try")
     page.wait_for_function("document.querySelectorAll('#mine-pool rect').length > 0")
     assert page.inner_text("#title").startswith("Chat with") and "system prompt" in page.inner_text("#preamble-note")
@@ -142,13 +151,19 @@ def test_try_is_a_chat_box(browser, classroom, reference):
     for turn, text in enumerate([QUESTION["content"], "And of Italy?"]):
         page.fill("#text", text)
         page.click("#send")
-        if turn == 0:  # while it answers, this student's blocks are outlined
-            page.wait_for_function("document.querySelectorAll('#mine-pool rect.mine').length > 0")
-        page.wait_for_function(f"document.querySelectorAll('#transcript li').length === {2 * turn + 2}")
-        page.wait_for_function("!document.getElementById('send').disabled")
+        # the turn is over when the page clears the box and lets the student send again (or shows an error)
+        page.wait_for_function(
+            "(!document.getElementById('send').disabled && document.getElementById('text').value === '')"
+            " || document.querySelector('#transcript li.error') !== null",
+            polling=100,
+        )
+        assert page.query_selector("#transcript li.error") is None, page.inner_text("#transcript")
+        assert page.eval_on_selector_all("#transcript li", "els => els.length") == 2 * turn + 2
         said.append({"role": "user", "content": text})
         want, _ = generate(reference, said, 12)
         replies = page.eval_on_selector_all("#transcript li.assistant", "els => els.map(e => e.textContent)")
         assert replies[-1] == want  # the whole chat was sent: the second answer knows the first
         said.append({"role": "assistant", "content": want})
+    # while it answered, a frame drawn on the pool outlined this student's blocks
+    page.wait_for_function("window.drawn.some((f) => f.mine > 0)", polling=100)
     page.close()

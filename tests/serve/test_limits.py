@@ -6,7 +6,7 @@ import threading
 
 import httpx
 import pytest
-from serve.harness import ENGINE, ServerThread, wait_idle
+from serve.harness import ENGINE, HANG, ServerThread, wait_idle, wait_until
 
 from minipaged import LLM
 from minipaged.serve.access import is_loopback, new_join_code
@@ -16,7 +16,6 @@ from minipaged.serve.limits import PER_CLIENT_OFF_LOOPBACK, Limits
 openai = pytest.importorskip("openai")
 
 GOOD = {"prompt": "abc<copy>hi<end>", "max_tokens": 4, "temperature": 0}
-GATE_TIMEOUT = 60  # a test that never opens its gate fails instead of hanging
 LONG = {"prompt": "abc<copy>x<end>", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
 
 
@@ -52,17 +51,17 @@ def coded():
 )
 def test_a_wrong_or_missing_join_code_is_401(coded, path, kwargs):
     method = "POST" if path == "/v1/completions" else "GET"
-    r = httpx.request(method, f"{coded.url}{path}", json=GOOD if method == "POST" else None, timeout=30, **kwargs)
+    r = httpx.request(method, f"{coded.url}{path}", json=GOOD if method == "POST" else None, timeout=HANG, **kwargs)
     assert r.status_code == 401
     assert r.json()["error"]["param"] == "join_code" and "join code" in r.json()["error"]["message"]
 
 
 def test_the_right_join_code_opens_everything(coded):
-    c = openai.OpenAI(base_url=f"{coded.url}/v1", api_key="K7M2QX", max_retries=0, timeout=60)
+    c = openai.OpenAI(base_url=f"{coded.url}/v1", api_key="K7M2QX", max_retries=0, timeout=HANG)
     assert c.completions.create(model="tiny-copy", **GOOD).choices[0].text == "hi"
-    assert httpx.get(f"{coded.url}/try", params={"code": "K7M2QX"}, timeout=30).status_code == 200
-    assert httpx.get(f"{coded.url}/v1/models", headers={"X-Join-Code": "K7M2QX"}, timeout=30).status_code == 200
-    assert httpx.get(f"{coded.url}/static/live.js", timeout=30).status_code == 200  # the same for everybody
+    assert httpx.get(f"{coded.url}/try", params={"code": "K7M2QX"}, timeout=HANG).status_code == 200
+    assert httpx.get(f"{coded.url}/v1/models", headers={"X-Join-Code": "K7M2QX"}, timeout=HANG).status_code == 200
+    assert httpx.get(f"{coded.url}/static/live.js", timeout=HANG).status_code == 200  # the same for everybody
 
 
 def held_engine(**engine) -> tuple[LLM, threading.Event]:
@@ -71,35 +70,45 @@ def held_engine(**engine) -> tuple[LLM, threading.Event]:
     gate, forward = threading.Event(), llm.model.forward
 
     def held(*args, **kwargs):
-        gate.wait(GATE_TIMEOUT)
+        if not gate.wait(HANG):  # a test that never opens its gate fails instead of hanging
+            raise RuntimeError("hang guard: the test never opened the gate")
         return forward(*args, **kwargs)
 
     llm.model.forward = held
     return llm, gate
 
 
+def returned(s: ServerThread) -> None:
+    """Wait until the server has taken back every admission ticket: the stream left behind ends on
+    the event loop (its client left), which may come after the engine has freed its blocks."""
+    admission = s.app.state.server.admission
+    wait_until(lambda: admission.in_flight == 0, what="every admission ticket back")
+
+
 def test_too_many_requests_from_one_client_is_429():
     llm, gate = held_engine()
     app = create_app(llm, model_name="tiny-copy", limits=Limits(max_requests_per_client=1))
-    with ServerThread(app) as s, httpx.Client(timeout=60) as c:
+    with ServerThread(app) as s, httpx.Client(timeout=HANG) as c:
         with c.stream("POST", f"{s.url}/v1/completions", json=LONG) as first:
             r = c.post(f"{s.url}/v1/completions", json=GOOD)
             assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
             gate.set()
             assert first.status_code == 200
-        wait_idle(s.url, ENGINE["num_kvcache_blocks"])
+        wait_idle(s, ENGINE["num_kvcache_blocks"])
+        returned(s)
         assert c.post(f"{s.url}/v1/completions", json=GOOD).status_code == 200  # its ticket came back
 
 
 def test_a_full_queue_is_503_with_retry_after():
     llm, gate = held_engine(max_num_seqs=1)
     app = create_app(llm, model_name="tiny-copy", limits=Limits(max_queued_requests=1))
-    with ServerThread(app) as s, httpx.Client(timeout=60) as c:
+    with ServerThread(app) as s, httpx.Client(timeout=HANG) as c:
         with c.stream("POST", f"{s.url}/v1/completions", json=LONG) as queued:
             r = c.post(f"{s.url}/v1/completions", json=GOOD)
             assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
             assert "busy" in r.json()["error"]["message"]
             gate.set()
             assert queued.status_code == 200
-        wait_idle(s.url, ENGINE["num_kvcache_blocks"])
+        wait_idle(s, ENGINE["num_kvcache_blocks"])
+        returned(s)
         assert c.post(f"{s.url}/v1/completions", json=GOOD).json()["choices"][0]["text"] == "hi"

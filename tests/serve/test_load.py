@@ -69,7 +69,7 @@ def test_64_streaming_clients_get_their_offline_results_and_free_every_block(ser
     assert len(got) == CLIENTS * PER_CLIENT
     wrong = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     assert not wrong, f"{len(wrong)} streams differ from LLM.generate, e.g. {got[wrong[0]]} != {want[wrong[0]]}"
-    m = wait_idle(server.url, ENGINE["num_kvcache_blocks"])
+    m = wait_idle(server, ENGINE["num_kvcache_blocks"])
     assert m["requests_finished_total"] == CLIENTS * PER_CLIENT
     assert m["requests_aborted_total"] == m["requests_failed_total"] == 0
     assert m["generation_tokens_total"] == sum(n for _, n in want)
