@@ -30,7 +30,7 @@ from torch import nn
 
 from minipaged.attention.cache_attention import CacheAttention
 from minipaged.model.config import SUPPORTED_ACTIVATIONS, ModelConfig
-from minipaged.model.products import PackedBF16Product, Product
+from minipaged.model.products import PackedProduct, Product
 from minipaged.model.rope import inverse_frequencies
 
 # The MLP activations config.json may name (``hidden_act``), as transformers defines them.
@@ -121,8 +121,8 @@ def _stack(linears: list[nn.Linear]) -> Product:
     return Product(weight, bias)
 
 
-def _packed(product: Product | None) -> PackedBF16Product | None:
-    return None if product is None else PackedBF16Product(product.weight, product.bias)
+def _packed(product: Product | None) -> PackedProduct | None:
+    return None if product is None else PackedProduct(product.weight, product.bias)
 
 
 class Attention(nn.Module):
@@ -268,13 +268,13 @@ class DecoderModel(nn.Module):
         if any(p is None for p in products):
             raise RuntimeError("call fuse() first: the products are set up there")
         return sum(
-            p.weight.numel() * (2 if isinstance(p, PackedBF16Product) else p.weight.element_size())
+            p.nbytes if isinstance(p, PackedProduct) else p.weight.numel() * p.weight.element_size()
             for p in products
             if p
         )
 
     def pack_bf16(self) -> DecoderModel:
-        """Every weight product but the LM head in bf16, prepacked for the CPU
+        """Every weight product in bf16 but the LM head (fp32), all prepacked for the CPU
         (:mod:`minipaged.model.products`); the fp32 weights stay for the state dict and the
         embedding. Call it after :meth:`fuse`, once the weights are final: the packed copies do
         not follow later changes."""
@@ -282,8 +282,10 @@ class DecoderModel(nn.Module):
         for module in self.modules():
             if isinstance(module, (Attention, MLP)):
                 module.pack_bf16()
-        # The LM head stays fp32: logits rounded to bf16 (3 significant digits) flipped the first
-        # greedy token of 6 of 128 real chats against fp32; an fp32 head, 1 of 128.
+        # The LM head stays fp32, packed too: logits rounded to bf16 (3 significant digits) flipped
+        # the first greedy token of 6 of 128 real chats against fp32; an fp32 head, 1 of 128.
+        if self.head is not None:
+            self.head = PackedProduct(self.head.weight, None, torch.float32)
         return self
 
     @property

@@ -6,7 +6,7 @@
   a GPU runs).
 - ``"auto"``: on a CPU that multiplies bf16 in hardware (the ``avx512_bf16`` or ``amx_bf16``
   flag: Intel Xeon since Sapphire Rapids, AMD since Zen 4), the weight products run in bf16
-  (:class:`~minipaged.model.products.PackedBF16Product`) and the KV cache holds bf16: half the
+  (:class:`~minipaged.model.products.PackedProduct`) and the KV cache holds bf16: half the
   bytes to read per step, and twice the blocks in the same memory. What a small model's answers
   are sensitive to stays fp32: the residual stream, RMSNorm, the RoPE angles, attention's scores
   and softmax, the LM head (so the logits) and sampling. On a

@@ -6,7 +6,7 @@ import torch
 from test_model_parity import logits
 
 from minipaged.model import load_model
-from minipaged.model.products import PackedBF16Product, Product
+from minipaged.model.products import PackedProduct
 
 
 def test_fused_model_gives_the_same_logits_and_keeps_its_state_dict(hf_checkpoint, prompts):
@@ -52,8 +52,8 @@ def test_bf16_products_stay_close_to_fp32_and_keep_the_state_dict(hf_checkpoint,
     packed = load_model(folder)[0].fuse()
     before = {k: v.clone() for k, v in packed.state_dict().items()}
     assert packed.pack_bf16() is packed
-    assert isinstance(packed.model.layers[0].mlp.down, PackedBF16Product)
-    assert type(packed.head) is Product  # the LM head stays fp32: fp32 logits
+    assert isinstance(packed.model.layers[0].mlp.down, PackedProduct)
+    assert isinstance(packed.head, PackedProduct) and packed.head.dtype == torch.float32  # fp32 logits
     for name, value in packed.state_dict().items():
         assert value.dtype == torch.float32 and torch.equal(value, before[name]), name
     agree = []
@@ -69,13 +69,15 @@ def test_bf16_products_stay_close_to_fp32_and_keep_the_state_dict(hf_checkpoint,
     assert sum(agree) >= 0.85 * len(agree)  # near-ties of random logits may flip
 
 
-def test_a_packed_bf16_product_is_exactly_bf16_f_linear_returned_in_the_inputs_dtype():
+def test_a_packed_product_is_f_linear_in_its_dtype_returned_in_the_inputs_dtype():
     torch.manual_seed(0)
     weight, bias = torch.randn(48, 32), torch.randn(48)
-    packed = PackedBF16Product(weight, bias)
+    packed = PackedProduct(weight, bias)
     for rows in (0, 1, 7, 33):
         x = torch.randn(rows, 32)
         y = packed(x)
         assert y.dtype == torch.float32 and y.shape == (rows, 48)
         want = torch.nn.functional.linear(x.bfloat16(), weight.bfloat16(), bias.bfloat16()).float()
         assert torch.equal(y, want)
+        fp32 = PackedProduct(weight, bias, torch.float32)(x)  # fp32 packed: fp32 precision
+        torch.testing.assert_close(fp32, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)

@@ -8,7 +8,7 @@ import torch
 from minipaged import LLM, SamplingParams
 from minipaged.model import precision
 from minipaged.model.precision import AUTO_BF16_MIN_BYTES, load_dtype, resolve_precision
-from minipaged.model.products import PackedBF16Product, packed_bf16_available
+from minipaged.model.products import PackedProduct, packed_bf16_available
 from minipaged.tiny.task import prompt_for
 
 CPU = torch.device("cpu")
@@ -60,7 +60,7 @@ def test_auto_on_the_embedded_model_made_large_enough_keeps_its_answers(monkeypa
     budget = dict(kv_cache_memory=2**20, max_model_len=128)
     exact, auto = LLM(dtype="float32", **budget), LLM(dtype="auto", **budget)
     assert auto.precision.bf16_products and auto.kv_cache.k.dtype == torch.bfloat16
-    assert isinstance(auto.model.model.layers[0].self_attn.qkv, PackedBF16Product)
+    assert isinstance(auto.model.model.layers[0].self_attn.qkv, PackedProduct)
     assert auto.num_blocks == 2 * exact.num_blocks
     texts = ["hello paged world", "a cache of blocks", "z"]
     prompts = [prompt_for(t, preamble="blocks of sixteen tokens ") for t in texts]
