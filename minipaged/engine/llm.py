@@ -85,7 +85,7 @@ class LLM:
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.precision = resolve_precision(dtype, device, weight_bytes)
         if self.precision.bf16_products:
-            self.model.pack_bf16()
+            self.model = self.model.pack_bf16()
         # Said at load when the choice changes the numbers (a real model on a bf16 CPU): why bf16.
         log.log(logging.INFO if self.precision.bf16_products else logging.DEBUG, "numbers: %s", self.precision.reason)
         dtype = self.precision.kv_cache

@@ -21,7 +21,9 @@ bf16 arithmetic while everything between the products stays fp32 (``LLM(dtype="a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -238,6 +240,18 @@ class DecoderBody(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+def _new_modules(module: nn.Module, memo: dict[int, nn.Module]) -> Any:
+    """A copy of ``module``'s tree of modules that shares its parameters and buffers (a module
+    shared within the tree, such as the rotary embedding, stays shared once)."""
+    if id(module) not in memo:
+        new = copy.copy(module)  # a new __dict__; _parameters and _buffers still name the same tensors
+        memo[id(module)] = new
+        # torch has no public call that copies a module tree without copying its tensors
+        children = module._modules.items()  # noqa: SLF001
+        new._modules = {k: None if m is None else _new_modules(m, memo) for k, m in children}  # noqa: SLF001
+    return memo[id(module)]
+
+
 class DecoderModel(nn.Module):
     """Parameter names follow Hugging Face (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``)."""
 
@@ -274,19 +288,20 @@ class DecoderModel(nn.Module):
         )
 
     def pack_bf16(self) -> DecoderModel:
-        """Every weight product in bf16 but the LM head (fp32), all prepacked for the CPU
-        (:mod:`minipaged.model.products`); the fp32 weights stay for the state dict and the
-        embedding. Call it after :meth:`fuse`, once the weights are final: the packed copies do
-        not follow later changes."""
+        """A model whose weight products are all prepacked for the CPU (:mod:`minipaged.model.products`):
+        in bf16, but the LM head in fp32. It is a new tree of modules over the same weights (this
+        model is left as it is: one loaded model may serve several engines); the fp32 weights stay
+        for the state dict and the embedding. The packed copies do not follow later weight changes."""
         self.fuse()
-        for module in self.modules():
+        packed = _new_modules(self, {})
+        for module in packed.modules():
             if isinstance(module, (Attention, MLP)):
                 module.pack_bf16()
         # The LM head stays fp32, packed too: logits rounded to bf16 (3 significant digits) flipped
         # the first greedy token of 6 of 128 real chats against fp32; an fp32 head, 1 of 128.
-        if self.head is not None:
-            self.head = PackedProduct(self.head.weight, None, torch.float32)
-        return self
+        if packed.head is not None:
+            packed.head = PackedProduct(packed.head.weight, None, torch.float32)
+        return packed
 
     @property
     def device(self) -> torch.device:

@@ -6,7 +6,7 @@ import torch
 from test_model_parity import logits
 
 from minipaged.model import load_model
-from minipaged.model.products import PackedProduct
+from minipaged.model.products import PackedProduct, Product
 
 
 def test_fused_model_gives_the_same_logits_and_keeps_its_state_dict(hf_checkpoint, prompts):
@@ -51,7 +51,11 @@ def test_bf16_products_stay_close_to_fp32_and_keep_the_state_dict(hf_checkpoint,
     plain = load_model(folder)[0].fuse()
     packed = load_model(folder)[0].fuse()
     before = {k: v.clone() for k, v in packed.state_dict().items()}
-    assert packed.pack_bf16() is packed
+    unpacked = packed
+    packed = unpacked.pack_bf16()
+    assert packed is not unpacked and type(unpacked.head) is Product  # a new tree, the old one left as it was
+    assert packed.lm_head.weight is unpacked.lm_head.weight  # over the same weights
+    assert packed.model.layers[0].self_attn.rotary is packed.model.layers[1].self_attn.rotary
     assert isinstance(packed.model.layers[0].mlp.down, PackedProduct)
     assert isinstance(packed.head, PackedProduct) and packed.head.dtype == torch.float32  # fp32 logits
     for name, value in packed.state_dict().items():
