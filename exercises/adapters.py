@@ -301,6 +301,7 @@ class LearnerBackend(TorchBackend):
     name = "yours"
 
     def __init__(self, parts: dict[int, ModuleType], calls: Counter) -> None:
+        super().__init__()
         self.parts, self.calls = parts, calls
         self.gather_stage = 2 if 2 in parts else 3 if 3 in parts else None
         self.gather = {2: "gather", 3: "gather_sequence_kv"}.get(self.gather_stage or 0)

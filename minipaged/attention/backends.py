@@ -3,7 +3,7 @@
 Every layer of a paged cache does the same two things each step: write the new tokens' K/V
 (``store_kvcache``), then ``attend`` through the block tables, whatever mix of prompts, chunks
 and single decode tokens the step brings. Before the first layer, ``plan`` turns the step's
-:class:`~minipaged.attention.cache_attention.PagedMetadata` into whatever the backend wants to compute
+:class:`~minipaged.attention.metadata.PagedMetadata` into whatever the backend wants to compute
 once per step rather than once per layer (and a backend with a faster path for some steps, as
 Triton's decode kernel for steps of one token per sequence, decides there which one the step
 takes). :class:`AttentionBackend` is that interface:
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from minipaged.attention.cache_attention import PagedMetadata
+    from minipaged.attention.metadata import PagedMetadata
 
 BACKENDS = ("reference", "torch", "triton", "auto")
 

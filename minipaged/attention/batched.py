@@ -29,6 +29,7 @@ computes them once per step, and every layer reuses the :class:`BatchPlan`.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,11 +37,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from minipaged.attention import reference
+from minipaged.attention import native_decode, reference
 from minipaged.utils import cdiv
 
 if TYPE_CHECKING:
-    from minipaged.attention.cache_attention import PagedMetadata
+    from minipaged.attention.metadata import PagedMetadata
 
 __all__ = [
     "BatchPlan",
@@ -59,6 +60,8 @@ class RowGroup:
         seqs: long [g] (indices into the batch); rows: long [tokens] (packed query rows, in order);
         flat: long [tokens] (where each row sits in the padded ``[g * max_q_len]`` layout);
         blocks: long [g * num_blocks] (the physical blocks to gather, table by table);
+        tables: int32 [g, num_blocks] and context_lens: int32 [g], for a kernel that reads the
+    blocks in place (:mod:`minipaged.attention.native_decode`);
         bias: float32 [g, 1, max_q_len, num_blocks * block_size], added to the scores: 0 where a key is
     visible, -inf where it is not (SDPA runs faster on this additive form than on a bool mask,
     20% for decode here, with identical results); ``all_rows``: the
@@ -70,6 +73,8 @@ class RowGroup:
     rows: torch.Tensor
     flat: torch.Tensor
     blocks: torch.Tensor
+    tables: torch.Tensor
+    context_lens: torch.Tensor
     bias: torch.Tensor
     max_q_len: int
     num_blocks: int
@@ -120,6 +125,8 @@ def _group(
         rows=rows,
         flat=flat,
         blocks=tables.long().flatten(),
+        tables=tables.to(torch.int32),
+        context_lens=ctx.to(device=device, dtype=torch.int32),
         # the additive mask: -inf where a key is hidden from a query, 0 where it is visible
         bias=torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf")),
         max_q_len=max_q,
@@ -129,16 +136,21 @@ def _group(
 
 
 def plan_batch(
-    q_lens: Sequence[int], context_lens: Sequence[int], block_tables: torch.Tensor, block_size: int
+    q_lens: Sequence[int],
+    context_lens: Sequence[int],
+    block_tables: torch.Tensor,
+    block_size: int,
+    in_place: bool = False,
 ) -> BatchPlan:
     """Split a step's sequences into a decode group (``q_len == 1``) and a prefill group
-    (``q_len > 1``); sequences with no new token get no row. Host-side lengths, one call per step."""
+    (``q_len > 1``); sequences with no new token get no row. Host-side lengths, one call per step.
+    ``in_place``: decode rows are read in place (no padding to split against), one group."""
     starts = [0]
     for n in q_lens[:-1]:
         starts.append(starts[-1] + n)
     decode = [s for s, n in enumerate(q_lens) if n == 1]
     prefill = [s for s, n in enumerate(q_lens) if n > 1]
-    decode_parts = split_by_length(decode, q_lens, context_lens, block_size, min_size=4)
+    decode_parts = [decode] if in_place else split_by_length(decode, q_lens, context_lens, block_size, min_size=4)
     prefill_parts = split_by_length(prefill, q_lens, context_lens, block_size, min_size=2)
     return BatchPlan(
         [_group(p, q_lens, context_lens, starts, block_tables, block_size) for p in decode_parts if p],
@@ -215,13 +227,31 @@ SMALL_DECODE = 2**20  # cached numbers (K of a group) under which decode attenti
 
 
 def _attend_group(
-    out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, grp: RowGroup, scale: float | None
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    grp: RowGroup,
+    scale: float | None,
+    lib: ctypes.CDLL | None = None,
 ) -> None:
-    """Attention of one group's rows, written into ``out`` (packed like ``q``)."""
+    """Attention of one group's rows, written into ``out`` (packed like ``q``); decode rows go to
+    the compiled kernel ``lib`` when given (:mod:`minipaged.attention.native_decode`)."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
-    k, v = _gather(k_cache, grp), _gather(v_cache, grp)
     g = grp.seqs.numel()
+    if grp.max_q_len == 1 and lib is not None:
+        cached = g * grp.num_blocks * k_cache.shape[1] * num_kv_heads * head_dim
+        qd = q if grp.all_rows else q[grp.rows]
+        o = native_decode.paged_decode(
+            lib, qd, k_cache, v_cache, grp.tables, grp.context_lens, scale, 1 if cached < SMALL_DECODE else None
+        )
+        if grp.all_rows:
+            out.copy_(o)
+        else:
+            out[grp.rows] = o.to(out.dtype)
+        return
+    k, v = _gather(k_cache, grp), _gather(v_cache, grp)
     if grp.max_q_len == 1:
         # Decode: the query heads that share a KV head become the query rows of one attention over
         # that head's keys ([g, kv_heads, group, d]); twice as fast here as SDPA's enable_gqa.
@@ -254,27 +284,42 @@ def _attend_group(
 class TorchBackend:
     """This module as an attention backend (:mod:`minipaged.attention.backends`): the row layout
     and masks depend on the lengths only, so they are planned once per step (:func:`plan_batch`,
-    which also keeps decode rows apart from prefill rows); each layer then attends group by group."""
+    which also keeps decode rows apart from prefill rows); each layer then attends group by group.
+
+    Decode rows are read in place by the compiled kernel where one builds on this machine
+    (``in_place=None``: wherever it can; ``False``: the plain-torch gather everywhere)."""
 
     name = "torch"
     store_kvcache = staticmethod(store_kvcache)
 
+    def __init__(self, in_place: bool | None = None) -> None:
+        self.lib = None if in_place is False else native_decode.load()
+        if in_place and self.lib is None:
+            raise RuntimeError("in_place=True needs the compiled decode kernel, and it did not build here")
+
     def plan(self, meta: PagedMetadata, block_size: int) -> BatchPlan:
-        return plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, block_size)
+        in_place = self.lib is not None and meta.block_tables.device.type == "cpu"
+        return plan_batch(meta.host_q_lens, meta.host_context_lens, meta.block_tables, block_size, in_place)
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedMetadata, plan: BatchPlan
     ) -> torch.Tensor:
-        return _attend_planned(q, k_cache, v_cache, plan, None)
+        lib = self.lib if native_decode.supports(q, k_cache) else None
+        return _attend_planned(q, k_cache, v_cache, plan, None, lib)
 
 
 def _attend_planned(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: BatchPlan, scale: float | None
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: BatchPlan,
+    scale: float | None,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """The packed queries ``q`` attend group by group, as ``plan`` lays them out."""
     out = torch.empty_like(q)
     for grp in plan.decode + plan.prefill:
-        _attend_group(out, q, k_cache, v_cache, grp, scale)
+        _attend_group(out, q, k_cache, v_cache, grp, scale, lib)
     return out
 
 

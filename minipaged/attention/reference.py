@@ -21,7 +21,7 @@ import torch
 from minipaged.utils import cdiv
 
 if TYPE_CHECKING:
-    from minipaged.attention.cache_attention import PagedMetadata
+    from minipaged.attention.metadata import PagedMetadata
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Benchmark: the real chat model, against transformers and against the memory's speed.
 
-``python -m minipaged bench chat [--model M] [--dtype D] [--quick] [--repeats R] [--new-tokens N]``
+``python -m minipaged bench chat [--model M] [--dtype D] [--quick] [--repeats R] [--new-tokens N]
+[--chats C] [--max-tokens T]``
 
 - **(a) tokens/s at 1, 8 and 32 concurrent chats**: short questions rendered with the model's
   chat template, greedy, every chat ``N`` new tokens (default 64; ``ignore_eos``, and
@@ -22,6 +23,11 @@
 - **(c) where a decode step's time goes**, at 1 and at 32 rows: the step outside the forward
   (schedule, packing, sampling, bookkeeping), attention (every layer's KV write and attention)
   and the rest of the forward (the matrix products, norms, RoPE and activations).
+- **(e) real ShareGPT chats, EOS honoured** (``--chats``, default 64, at most ``--max-tokens``
+  new tokens, default 128), against transformers' ``generate``, and **(f) paged against
+  contiguous** on one KV budget that holds 3 contiguous reservations, and **(g) perplexity** on
+  held-out ShareGPT answers, ``auto`` against ``float32`` and transformers: see
+  :mod:`minipaged.bench.sharegpt_chats`.
 
 Every ratio is measured side by side in this one process: each engine runs ``--repeats`` times
 (default 3), the two taking turns, and each one's fastest run counts (:func:`fastest_of`).
@@ -33,6 +39,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from argparse import Namespace
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -40,10 +47,19 @@ from typing import Any
 
 import torch
 
-from minipaged import LLM, SamplingParams
 from minipaged.bench import parser
 from minipaged.bench.engine import EngineRun, fastest_of
+from minipaged.bench.sharegpt_chats import (
+    against_transformers,
+    engine_perplexity,
+    held_out_texts,
+    paged_against_contiguous,
+    sharegpt_chats,
+    transformers_perplexity,
+)
 from minipaged.bench.step_timer import StepTimer
+from minipaged.engine.llm import LLM
+from minipaged.engine.sampling_params import SamplingParams
 from minipaged.model.decoder import DecoderModel
 from minipaged.model.hub import DEFAULT_CHAT_MODEL
 
@@ -82,6 +98,9 @@ QUESTIONS = (
     "How many legs does a spider have?",
 )
 READ_BYTES = 512 * 2**20
+# (f)'s KV budget: 384 blocks of 16 tokens (6,144 slots) hold 3 reservations of 2,048
+REAL_BUDGET = dict(num_kvcache_blocks=384, block_size=16, max_model_len=2048, max_num_seqs=64)
+REAL_BUDGET_QUICK = dict(num_kvcache_blocks=64, block_size=16, max_model_len=512, max_num_seqs=64)
 
 
 def chat_prompts(llm: LLM, n: int, seed: int = 0) -> list[list[int]]:
@@ -232,6 +251,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=3, help="runs of each engine, taking turns; the fastest counts")
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens of every chat (default 64)")
     p.add_argument("--dtype", default="auto", help="minipaged's number format: auto (default), float32, bfloat16")
+    p.add_argument("--chats", type=int, default=64, help="(e), (f): real ShareGPT chats (default 64)")
+    p.add_argument("--max-tokens", type=int, default=128, help="(e), (f): new tokens at most (default 128)")
     a = p.parse_args(argv)
     quick = a.quick
     chats, new_tokens, repeats, steps = ((1, 2), 4, 1, 2) if quick else ((1, 8, 32), a.new_tokens, a.repeats, 16)
@@ -264,7 +285,55 @@ def main(argv: list[str] | None = None) -> dict:
         )
     curve = step_curve(a.model, llm, (1, 2) if quick else (1, 8, 32, 64), engine_args, steps)
     figures = {"rows": rows, "bandwidth": bandwidth, "weight_bytes": nbytes, "step": step, "breakdown": breakdown}
-    return {**figures, "curve": curve}
+    return {**figures, "curve": curve, **real_chats(a, llm, hf)}
+
+
+def real_chats(a: Namespace, llm: LLM, hf: Any) -> dict[str, Any]:
+    """(e) and (f) (:mod:`minipaged.bench.sharegpt_chats`), for a model that chats."""
+    if llm.tokenizer is None or llm.tokenizer.chat_template is None:
+        print("(e), (f): skipped, the model has no chat template (real ShareGPT chats need one)")
+        return {}
+    n, max_tokens = (3, 8) if a.quick else (a.chats, a.max_tokens)
+    prompts = sharegpt_chats(llm, n)
+    print(f"(e) {n} real ShareGPT first turns, EOS honoured, at most {max_tokens} new tokens each")
+    e = against_transformers(llm, hf, prompts, max_tokens)
+    print(
+        f"  minipaged {e.first.tokens_per_s:.1f} tokens/s ({e.first.output_tokens} tokens), transformers "
+        f"{e.second.tokens_per_s:.1f} ({e.second.output_tokens}): ratio {e.ratio:.2f}x, "
+        f"identical {e.identical}/{n} chats"
+    )
+    budget = dict(REAL_BUDGET_QUICK if a.quick else REAL_BUDGET)
+    fits = budget["num_kvcache_blocks"] * budget["block_size"] // budget["max_model_len"]
+    print(
+        f"(f) paged against contiguous (reserving max_model_len={budget['max_model_len']} a chat: {fits} at a time) "
+        f"on {budget['num_kvcache_blocks']} blocks of {budget['block_size']} tokens, the same chats"
+    )
+    f = paged_against_contiguous(a.model, prompts, max_tokens, a.dtype, budget)
+    print(
+        f"  paged {f.first.tokens_per_s:.1f} tokens/s, contiguous {f.second.tokens_per_s:.1f}: ratio {f.ratio:.2f}x, "
+        f"identical {f.identical}/{n} chats"
+    )
+    return {"sharegpt": e, "paged_vs_contiguous": f, "perplexity": quality(a, llm, 3 if a.quick else 24)}
+
+
+def quality(a: Namespace, llm: LLM, n: int) -> dict[str, float]:
+    """(g): perplexity on held-out ShareGPT answers, the engine in ``auto`` and ``float32`` (through
+    its paged path) and transformers' forward in fp32 and bf16, on the same weights."""
+    texts = held_out_texts(llm, n)
+    engines = {"auto": llm if a.dtype == "auto" else LLM(a.model, dtype="auto", max_model_len=512)}
+    engines["float32"] = llm if a.dtype == "float32" else LLM(a.model, dtype="float32", max_model_len=512)
+    ppl = {f"minipaged {d}": engine_perplexity(e, texts) for d, e in engines.items()}
+    for dtype in (torch.float32, torch.bfloat16):
+        ppl[f"transformers {str(dtype).removeprefix('torch.')}"] = transformers_perplexity(
+            transformers_twin(llm.model, dtype), texts
+        )
+    change = ppl["minipaged auto"] / ppl["minipaged float32"] - 1
+    print(
+        f"(g) perplexity on {len(texts)} held-out ShareGPT answers ({sum(len(t) for t in texts)} tokens): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in ppl.items())
+        + f"; auto against float32 {100 * change:+.2f}%"
+    )
+    return ppl
 
 
 def step_curve(model: str, llm: LLM, rows: Sequence[int], engine_args: dict, steps: int) -> dict[str, list[float]]:

@@ -12,7 +12,11 @@ mean external fragmentation, preemptions.
 
 from __future__ import annotations
 
+import torch
+
 from minipaged.bench import parser
+from minipaged.engine.config import CPU_KV_CACHE_MEMORY, block_nbytes
+from minipaged.model.random_models import random_model_config
 from minipaged.sim import simulate_contiguous_vs_paged, synthetic_trace
 
 
@@ -56,3 +60,19 @@ def main(argv: list[str] | None = None) -> None:
                 f"{t['mean_running']:>12.1f} / {t['peak_running']:<4}{100 * sum(frag) / len(frag):>15.1f}%"
                 f"{t['preemptions']:>13}"
             )
+    kv_dtype_line(a.block_size)
+
+
+def kv_dtype_line(block_size: int) -> None:
+    """What the number format does to the same memory: SmolLM2-135M's KV blocks in fp32 and in
+    bf16 (``dtype="auto"`` on a CPU that multiplies bf16), in the engine's default CPU budget."""
+    config = random_model_config("random:smollm2-135m")
+    sizes = {
+        d: block_nbytes(config, block_size, dtype) for d, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    }
+    budget = CPU_KV_CACHE_MEMORY
+    print(
+        f"SmolLM2-135M's KV cache in {budget / 2**30:g} GiB, blocks of {block_size}: "
+        + ", ".join(f"{d} {budget // n:,} blocks ({budget // n * block_size:,} tokens)" for d, n in sizes.items())
+        + f": {sizes['fp32'] // sizes['bf16']}x the blocks in bf16"
+    )

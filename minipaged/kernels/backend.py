@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from minipaged.attention.cache_attention import PagedMetadata
+from minipaged.attention.metadata import PagedMetadata
 from minipaged.kernels.paged_attention import paged_decode_attention, paged_prefill_attention
 from minipaged.kernels.store import store_kvcache
 

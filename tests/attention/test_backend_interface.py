@@ -18,6 +18,7 @@ class SpyBackend(TorchBackend):
     name = "spy"
 
     def __init__(self) -> None:
+        super().__init__()
         self.steps: list[list[int]] = []  # the q_lens of each planned step
         self.attends: list[int] = []  # attend calls in each step
 

@@ -29,7 +29,8 @@ def _memory_rows(out: str) -> dict[str, list[str]]:
 
 def test_bench_memory_paged_holds_more_tokens_and_runs_more_requests(capsys):
     memory.main(["--requests", "40", "--slots", "2048", "--max-seq-len", "256"])
-    rows = _memory_rows(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    rows = _memory_rows(out)
     assert set(rows) == {
         "paged, 128 blocks of 16",
         "contiguous, reserve max_seq_len",
@@ -41,6 +42,10 @@ def test_bench_memory_paged_holds_more_tokens_and_runs_more_requests(capsys):
     assert int(paged[3]) > int(reserve_max[3])  # more requests at once on the same slots
     assert int(paged[1]) < int(reserve_max[1])  # so the trace is served in fewer steps
     assert float(paged[4]) == 0.0  # blocks never fragment externally
+    # the number format: SmolLM2's block of 16 is 30 layers x 16 tokens x 3 KV heads x 64 x K,V
+    fp32_block = 30 * 16 * 3 * 64 * 2 * 4  # 737,280 bytes: 1,456 blocks in 1 GiB
+    assert f"fp32 {2**30 // fp32_block:,} blocks ({2**30 // fp32_block * 16:,} tokens)" in out
+    assert "bf16 2,912 blocks (46,592 tokens): 2x the blocks in bf16" in out
 
 
 # -- bench prefix --------------------------------------------------------------------------------

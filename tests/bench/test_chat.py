@@ -48,6 +48,40 @@ def test_quick_bench_chat_prints_its_three_parts_and_their_ratios(capsys):
     assert line is not None
     for d, c in curve.items():
         assert f"{d} {1e3 * c[1]:6.1f} ({c[1] / c[0]:.2f}x)" in line.group()
+    # (e), (f): real chats need a chat template, which a random model has not
+    assert "(e), (f): skipped, the model has no chat template" in out
+    assert "sharegpt" not in figures
+
+
+@pytest.mark.slow  # the real model: (e) against transformers and (f) paged against contiguous
+def test_real_sharegpt_chats_stop_at_eos_in_both_engines_and_on_both_layouts(real_model):
+    from minipaged import LLM
+    from minipaged.bench import sharegpt_chats as sc
+
+    budget = dict(num_kvcache_blocks=128, block_size=16, max_model_len=1024, max_num_seqs=8)  # 2 reservations
+    llm = LLM(real_model, dtype="float32", **budget)
+    prompts = sc.sharegpt_chats(llm, 3)
+    assert prompts == sc.sharegpt_chats(llm, 3) and all(len(p) <= sc.MAX_PROMPT_LEN + 40 for p in prompts)
+    assert all(
+        p[-3:] == llm.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)[-3:] for p in prompts
+    )
+    e = sc.against_transformers(llm, chat.transformers_twin(llm.model), prompts, max_tokens=12)
+    eos = set(llm.model.config.eos_token_ids)
+    for tokens in e.first.tokens + e.second.tokens:  # up to 12 tokens, an EOS only at the end
+        assert 1 <= len(tokens) <= 12 and not eos & set(tokens[:-1])
+    assert e.first.output_tokens == sum(len(t) for t in e.first.tokens)
+    assert e.identical == 3  # fp32 greedy: the same words, EOS where transformers stops
+    assert e.ratio == pytest.approx(e.first.tokens_per_s / e.second.tokens_per_s)
+    f = sc.paged_against_contiguous(real_model, prompts, 12, "float32", budget)
+    assert f.identical == 3 and f.first.tokens == e.first.tokens  # same answers on either layout
+    # (g): the engine's paged path scores text as transformers' forward does, in fp32
+    texts = sc.held_out_texts(llm, 2, max_len=48)
+    assert len(texts) == 2 and all(16 <= len(t) <= 48 for t in texts)
+    ours, theirs = (
+        sc.engine_perplexity(llm, texts),
+        sc.transformers_perplexity(chat.transformers_twin(llm.model), texts),
+    )
+    assert 1 < ours < 1000 and ours == pytest.approx(theirs, rel=1e-4)
 
 
 def test_chat_prompts_are_random_ids_without_a_tokenizer_and_templated_with_one():
