@@ -68,7 +68,7 @@ class LearnerPool:
     def __init__(self, pool: Stage1Pool, num_blocks: int, calls: Counter) -> None:
         self.pool, self.calls, self.num_blocks = pool, calls, num_blocks
         self.blocks = [_BlockView(pool, i) for i in range(num_blocks)]
-        self.on_evict: Callable[[KVCacheBlock], None] | None = None  # set by the prefix cache
+        self.evicted: list[tuple[KVCacheBlock, int]] = []  # cached blocks handed out again, read by the prefix cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -84,8 +84,7 @@ class LearnerPool:
         blocks: list[KVCacheBlock] = [self.blocks[i] for i in self.pool.allocate(n)]
         for block in blocks:
             if block.block_hash is not None:
-                if self.on_evict is not None:
-                    self.on_evict(block)
+                self.evicted.append((block, block.block_hash))
                 block.block_hash = None
         return blocks
 

@@ -30,47 +30,23 @@ from __future__ import annotations
 import random
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from minipaged import LLM, SamplingParams
 from minipaged.bench import parser
 from minipaged.bench.step_timer import StepTimer
 from minipaged.engine import inputs
-from minipaged.tiny import task
+from minipaged.engine.llm import LLM
+from minipaged.engine.sampling_params import SamplingParams
+from minipaged.paper.engine_run import EngineRun, WorkItem, fastest_of, run_engine
+from minipaged.paper.step_cost import StepCost
+from minipaged.paper.workloads import copy_workload
 from minipaged.utils import cdiv
 
-
-@dataclass
-class EngineRun:
-    """What one engine did with a workload; series are per step."""
-
-    name: str
-    seconds: float = 0.0
-    output_tokens: int = 0
-    tokens: list[list[int]] = field(default_factory=list)
-    running: list[int] = field(default_factory=list)
-    stats: list[dict] = field(default_factory=list)  # kv_stats() after each step, when recorded
-    preemptions: int = 0
-    steps: list[tuple[float, int, int]] = field(default_factory=list)  # (seconds, decode rows, prefill tokens)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.seconds
-
-    @property
-    def utilization(self) -> float:
-        """Slots holding a live token over slots allocated, summed over steps."""
-        held = sum(d["tokens_held"] for d in self.stats)
-        return held / max(1, sum(d["slots_allocated"] for d in self.stats))
-
-
-WorkItem = tuple[list[int] | str, int]  # (prompt, output length)
 TokenItem = tuple[list[int], int]  # (prompt token ids, output length): what transformers is given
 
 
@@ -102,53 +78,6 @@ def random_qwen3(folder: Path, seed: int = 0) -> Path:
 def token_workload(n: int, seed: int, vocab: int) -> list[TokenItem]:
     rng = random.Random(seed)
     return [([rng.randrange(vocab) for _ in range(rng.randint(16, 200))], rng.randint(8, 128)) for _ in range(n)]
-
-
-def copy_workload(n: int, seed: int) -> list[WorkItem]:
-    rng = random.Random(seed)
-    return [
-        (task.prompt_for(task.random_text(rng), task.random_preamble(rng, 40, 400)), rng.randint(20, 200))
-        for _ in range(n)
-    ]
-
-
-def run_engine(llm: LLM, name: str, requests: Sequence[WorkItem], record: bool = False) -> EngineRun:
-    """Submit every request at once and step until done, timing each step as ``generate`` runs
-    it (no snapshot); with ``record``, read the pool's figures after every step, untimed."""
-    run = EngineRun(name)
-    preempted_before = llm.kv_stats()["num_preemptions"]  # the engine may have served this workload already
-    ids = [llm.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)) for p, n in requests]
-    with tqdm(total=len(requests), desc=name, leave=False) as bar:
-        while llm.has_unfinished_requests():
-            start = time.perf_counter()
-            batch, progressed = llm.run_step()
-            seconds = time.perf_counter() - start
-            decodes = sum(1 for n in batch.q_lens if n == 1)
-            run.steps.append((seconds, decodes, sum(batch.q_lens) - decodes))
-            if record:
-                run.stats.append(llm.kv_stats())
-            run.running.append(len(llm.scheduler.running))
-            bar.update(sum(s.finish_reason is not None for s in progressed))
-    run.seconds = sum(t for t, _, _ in run.steps)
-    run.output_tokens = sum(n for _, n in requests)
-    run.tokens = [llm.get_output(i).outputs[0].token_ids for i in ids]
-    run.preemptions = llm.kv_stats()["num_preemptions"] - preempted_before
-    return run
-
-
-def fastest_of(runners: list[Callable[[], EngineRun]], repeats: int) -> list[EngineRun]:
-    """Run each runner ``repeats`` times, taking turns, and keep each one's fastest run.
-
-    Times on a shared machine swing by tens of percent between runs. Taking turns exposes every
-    runner to the same disturbances, and the fastest run is the least disturbed one.
-    """
-    best: dict[int, EngineRun] = {}  # runner's index -> its fastest run so far
-    for _ in range(repeats):
-        for i, runner in enumerate(runners):
-            run = runner()
-            if i not in best or run.seconds < best[i].seconds:
-                best[i] = run
-    return [best[i] for i in range(len(runners))]
 
 
 def run_transformers(model_dir: Path, requests: Sequence[TokenItem], batch_size: int = 16) -> EngineRun:
@@ -195,25 +124,6 @@ def table(runs: list[EngineRun]) -> None:
             f"  {r.name:<14}{r.tokens_per_s:>10.1f}{r.seconds:>9.2f}{peak:>11}{mean:>11}{util:>16}"
             f"{r.preemptions if r.running else '-':>13}"
         )
-
-
-@dataclass
-class StepCost:
-    """``seconds = per_step + per_decode x decode rows + per_prefill x prefill tokens`` for one step."""
-
-    per_step: float
-    per_decode: float
-    per_prefill: float
-
-    @classmethod
-    def fit(cls, runs: list[EngineRun]) -> StepCost:
-        """Least squares over every step of ``runs``."""
-        x = torch.tensor([[1.0, d, p] for r in runs for _, d, p in r.steps], dtype=torch.float64)
-        y = torch.tensor([[t] for r in runs for t, _, _ in r.steps], dtype=torch.float64)
-        return cls(*torch.linalg.lstsq(x, y).solution.flatten().tolist())
-
-    def seconds(self, steps: int, decode_rows: int, prefill_tokens: int) -> float:
-        return self.per_step * steps + self.per_decode * decode_rows + self.per_prefill * prefill_tokens
 
 
 def fewest_steps(lengths: list[tuple[int, int]], block_size: int, num_slots: int) -> int:

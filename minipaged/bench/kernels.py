@@ -136,7 +136,7 @@ def run(device: str | None = None, quick: bool = False, peak_gbps: float | None 
     """Time every implementation on every shape; print a table; return one dict per row."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = torch.device(device).type == "cuda"
-    from minipaged import kernels  # imports Triton (and picks the interpreter off CUDA)
+    import minipaged.kernels as kernels  # imports Triton (and picks the interpreter off CUDA)
 
     if on_cuda:
         shapes, dtype, iters = (CUDA_QUICK if quick else CUDA_SHAPES), torch.bfloat16, (1 if quick else 10)

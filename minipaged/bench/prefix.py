@@ -17,8 +17,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from minipaged import LLM, SamplingParams
 from minipaged.bench import parser
+from minipaged.engine.llm import LLM
+from minipaged.engine.sampling_params import SamplingParams
 from minipaged.tiny import task
 
 PAPER_PARALLEL_SAMPLING_SAVING = "6.1-9.8%"

@@ -291,7 +291,8 @@ def offline(kwargs: dict, prompts: Work, args: Namespace, model: str | None = No
     thread (measured here: the same steps 7x slower on 2 cores shared with other work), and the
     comparison is meant to show the server's own cost, not that.
     """
-    from minipaged import LLM, SamplingParams
+    from minipaged.engine.llm import LLM
+    from minipaged.engine.sampling_params import SamplingParams
 
     llm = LLM(model, **kwargs)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=args.ignore_eos) for _, n in prompts]

@@ -64,7 +64,8 @@ def fragmentation() -> Figure:
 
 def block_tables() -> Figure:
     """Logical blocks -> block table -> physical blocks, from an engine step (prefix caching shares block 0)."""
-    from minipaged import LLM, SamplingParams
+    from minipaged.engine.llm import LLM
+    from minipaged.engine.sampling_params import SamplingParams
     from minipaged.tiny.task import prompt_for
     from minipaged.viz.pool import draw_block_tables
     from minipaged.viz.snapshot import step_snapshot
@@ -84,7 +85,8 @@ def block_tables() -> Figure:
 
 def slot_mapping() -> Figure:
     """The ``slot_mapping`` of an engine's first step: three prompts, blocks of 4."""
-    from minipaged import LLM, SamplingParams
+    from minipaged.engine.llm import LLM
+    from minipaged.engine.sampling_params import SamplingParams
     from minipaged.kv.slot_mapping import build_slot_mapping
     from minipaged.viz.slots import draw_slot_mapping
     from minipaged.viz.snapshot import step_snapshot
@@ -165,7 +167,8 @@ def timeline() -> Figure:
 
 def kv_usage() -> Figure:
     """KV slots allocated and holding tokens per step: paged against contiguous, same budget."""
-    from minipaged import LLM, SamplingParams
+    from minipaged.engine.llm import LLM
+    from minipaged.engine.sampling_params import SamplingParams
     from minipaged.tiny.task import prompt_for
     from minipaged.viz.scheduler import draw_kv_usage
 
@@ -179,8 +182,8 @@ def kv_usage() -> Figure:
         stats, counts = [], []
         while llm.has_unfinished_requests():
             llm.step()
-            counts.append(len(llm.scheduler.running))
             stats.append(llm.kv_stats())
+            counts.append(stats[-1]["num_running"])
         usage.append(stats)
         running.append(counts)
     return draw_kv_usage(usage[0], usage[1], capacity=14 * 8, running=(running[0], running[1]))
@@ -191,7 +194,8 @@ SYSTEM = "You are a careful copy machine. Read the text after the marker and wri
 
 def shared_prefix() -> Figure:
     """Four requests with one 48-token system prompt, admitted in one step."""
-    from minipaged import LLM, SamplingParams
+    from minipaged.engine.llm import LLM
+    from minipaged.engine.sampling_params import SamplingParams
     from minipaged.tiny.task import prompt_for
     from minipaged.viz.prefix import draw_shared_pool
     from minipaged.viz.snapshot import step_snapshot
@@ -212,7 +216,8 @@ LESSON_PREAMBLE = (
 
 def classroom() -> Figure:
     """Eight students' requests behind the lesson's preamble, as the live classroom's projector shows them."""
-    from minipaged import LLM, SamplingParams
+    from minipaged.engine.llm import LLM
+    from minipaged.engine.sampling_params import SamplingParams
     from minipaged.tiny.task import prompt_for
     from minipaged.viz.prefix import draw_shared_pool
     from minipaged.viz.snapshot import step_snapshot

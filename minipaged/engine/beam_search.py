@@ -13,8 +13,9 @@ copied, every block's ``ref_cnt`` up; its partly filled last block is copied on 
 two children write their different tokens), and a beam nobody chose frees its blocks at once.
 :class:`BeamGroup` is the request group of a beam search
 (:class:`~minipaged.engine.request_group.RequestGroup`): its live beams are one unit, scheduled,
-preempted and swapped together and stepping in lockstep; it decides which beams live on, and
-asks the scheduler to fork, prune and free.
+preempted and swapped together and stepping in lockstep; it decides which beams live on and
+says so as data (:mod:`~minipaged.engine.decisions`: fork a chosen beam beside its parent,
+append each beam's token, finish a pruned beam), which the scheduler applies.
 """
 
 from __future__ import annotations
@@ -22,16 +23,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from minipaged.engine.decisions import Append, Decision, Finish, Fork
+from minipaged.engine.limits import Limits
 from minipaged.engine.request_group import RequestGroup
+from minipaged.engine.runner_output import ModelRunnerOutput
 from minipaged.engine.sampling_params import BeamSearchParams
 from minipaged.engine.sequence import Sequence
-
-if TYPE_CHECKING:
-    from minipaged.engine.batch import SamplerOutput
-    from minipaged.engine.inputs import Limits
-    from minipaged.engine.scheduler import Scheduler
+from minipaged.engine.stop_checker import StopChecker
 
 
 @dataclass
@@ -111,7 +111,7 @@ class BeamGroup(RequestGroup):
         self.completed: list[BeamSearchSequence] = []
         self.num_steps = 0
         self.num_prompt_tokens = first.num_prompt_tokens
-        self.final: list[BeamSearchSequence] | None = None  # the answer, once done
+        self._final: list[BeamSearchSequence] | None = None  # the answer, once done and applied
         self._candidates: list[list[tuple[int, float]]] = []  # this step's, in ``live`` order
 
     @staticmethod
@@ -145,34 +145,31 @@ class BeamGroup(RequestGroup):
         return list(self.live)
 
     # -- after the step --------------------------------------------------------------------
-    def receive(self, scheduler: Scheduler, seq: Sequence, sampled: SamplerOutput, i: int) -> list[Sequence]:
+    def receive(self, seq: Sequence, sampled: ModelRunnerOutput, i: int, stop: StopChecker) -> list[Decision]:
         self._candidates.append(sampled.candidates[i])
         return []
 
-    def settle(self, scheduler: Scheduler) -> list[Sequence]:
-        """Apply the choice: a beam chosen k times forks k - 1 times, one not chosen is pruned
-        (its blocks freed at once). Returns every beam that was live."""
+    def settle(self) -> list[Decision]:
+        """The choice, as decisions: a beam chosen k times forks k - 1 times (each child beside its
+        parent), one not chosen is pruned (its blocks freed at once); once done, the live beams finish."""
         old = list(self.live)
         chosen = self.select(self._candidates)
         self._candidates = []
         children: dict[int, list[tuple[int, float]]] = {}
         for parent, token, cum in chosen:
             children.setdefault(parent, []).append((token, cum))
+        decisions: list[Decision] = []
         new_live: dict[tuple[int, int], Sequence] = {}
         for i, beam in enumerate(old):
             picks = children.get(i, [])
             if not picks:
-                scheduler.finish(beam, "pruned")
+                decisions.append(Finish(beam, "pruned"))
                 continue
-            at = scheduler.running.index(beam) + 1  # beside its parent: a unit stays together
             for k, (token, cum) in enumerate(picks[1:], start=1):
                 child = beam.branch()
-                scheduler.fork(beam, child, at)
-                child.token_ids.append(token)
-                child.cum_logprob = cum
+                decisions += [Fork(beam, child, beside=True), Append(child, token, cum_logprob=cum)]
                 new_live[i, k] = child
-            beam.token_ids.append(picks[0][0])
-            beam.cum_logprob = picks[0][1]
+            decisions.append(Append(beam, picks[0][0], cum_logprob=picks[0][1]))
             new_live[i, 0] = beam
         seen: dict[int, int] = {}
         self.live = []
@@ -180,10 +177,15 @@ class BeamGroup(RequestGroup):
             k = seen[parent] = seen.get(parent, -1) + 1
             self.live.append(new_live[parent, k])
         if self.done:
-            self.final = self.result()
-            for beam in self.live:
-                scheduler.finish(beam, "length")
-        return old
+            decisions += [Finish(beam, "length") for beam in self.live]
+        return decisions
+
+    @property
+    def final(self) -> list[BeamSearchSequence] | None:
+        """The answer (the best ``beam_width``), once the search is done and its last step applied."""
+        if self._final is None and self.done and all(s.finish_reason is not None for s in self.live):
+            self._final = self.result()
+        return self._final
 
     # -- the rule --------------------------------------------------------------------------
     def _score(self, num_tokens: int, last: int, cum: float) -> float:

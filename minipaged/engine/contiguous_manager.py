@@ -10,17 +10,21 @@ This is how serving systems before PagedAttention held KV memory, and the paper'
 The reservations live in stage 0's first-fit arena of ``num_slots`` slots; the cache tensors are
 a paged pool of one-slot blocks, so a sequence's block table is its reservation read by
 :meth:`~minipaged.kv.contiguous.FirstFitArena.table`, ``range(start, start + n)`` (as in the
-static runner of stage 0), and the same attention reads both layouts. Nothing is shared, nothing is preempted (a
-reservation covers the whole sequence): forking, swapping and prefix matching are the paged
-manager's alone (``can_fork = False``; the scheduler never asks this manager for them).
+static runner of stage 0), and the same attention reads both layouts. Behind the scheduler's
+one door (:class:`~minipaged.engine.kv_cache_manager.KVCacheManager`) it answers the paged verbs
+as a layout that shares nothing must: no computed blocks (a prefix hit is empty), nothing to
+hold, no host memory to swap to (a preempted sequence is recomputed), and no fork
+(``can_fork = False``: requests that would fork are refused when they arrive).
 """
 
 from __future__ import annotations
 
 from minipaged.engine.config import RESERVE_POLICIES
+from minipaged.engine.prefix_hit import PrefixHit
 from minipaged.engine.sequence import Sequence
 from minipaged.engine.step_transaction import StepTransaction
 from minipaged.kv.contiguous import FirstFitArena
+from minipaged.kv.prefix_cache import PrefixCache
 
 
 def reservation(num_tokens: int, max_model_len: int, policy: str) -> int:
@@ -35,6 +39,7 @@ def reservation(num_tokens: int, max_model_len: int, policy: str) -> int:
 class ContiguousKVManager:
     can_fork = False
     table_block_size = 1
+    prefix_cache: PrefixCache | None = None  # nothing is cached
 
     def __init__(self, num_slots: int, block_size: int, max_model_len: int, policy: str = "max") -> None:
         if policy not in RESERVE_POLICIES:
@@ -62,10 +67,47 @@ class ContiguousKVManager:
         new = [s for s in unit if s.seq_id not in self.arena]
         return not new or (len(new) == 1 and self.arena.largest_hole >= self.size_of(new[0]))
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, tx: StepTransaction) -> None:
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, tx: StepTransaction) -> None:
         """A new sequence's one reservation, whole (nothing to copy, nothing to publish)."""
         if seq.seq_id not in self.arena:
             self.arena.reserve(seq.seq_id, self.size_of(seq))
+
+    # -- the paged verbs, as a layout that shares nothing answers them ---------------------
+    def get_computed_blocks(self, seq: Sequence, tx: StepTransaction, scores_prompt: bool = False) -> PrefixHit:
+        return PrefixHit()  # nothing is cached
+
+    def can_admit(self, unit: list[Sequence], hits: list[PrefixHit], plan: list[int]) -> bool:
+        return self.can_schedule(unit, plan)
+
+    def hold(self, hit: PrefixHit) -> None:
+        return None
+
+    def release(self, hit: PrefixHit) -> None:
+        return None
+
+    def attach(self, seq: Sequence, hit: PrefixHit) -> int:
+        return 0
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        raise RuntimeError("forking shares blocks: it needs kv_layout='paged'")
+
+    def can_swap_out(self, unit: list[Sequence]) -> bool:
+        return False  # no host memory: a preempted sequence is recomputed
+
+    def swap_out(self, unit: list[Sequence]) -> list[tuple[int, int]]:
+        raise RuntimeError("swapping needs kv_layout='paged'")
+
+    def can_swap_in(self, unit: list[Sequence], plan: list[int]) -> bool:
+        return False
+
+    def swap_in(self, unit: list[Sequence]) -> list[tuple[int, int]]:
+        raise RuntimeError("swapping needs kv_layout='paged'")
+
+    def reset_prefix_cache(self) -> bool:
+        return self.slots_allocated() == 0
+
+    def block_states(self) -> tuple[list[int], list[bool], int]:
+        return [], [], 0  # no blocks to draw (its free memory is in stats(), as slots // block_size)
 
     def free(self, seq: Sequence) -> None:
         if seq.seq_id in self.arena:

@@ -9,15 +9,14 @@ Float ids (``256.7``) and bools are refused, not truncated.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import torch
 
 from minipaged.engine.beam_search import BeamGroup
+from minipaged.engine.limits import Limits
 from minipaged.engine.request_group import SampleGroup
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 
@@ -77,19 +76,6 @@ def token_ids_of(prompt: object, index: int) -> list[int]:
         if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral):
             raise TypeError(f"prompt {index}: token ids must be ints, got {t!r} at position {pos}")
     return [int(t) for t in prompt]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a request is checked against (one engine's settings)."""
-
-    vocab_size: int
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    has_tokenizer: bool
-    can_fork: bool
-    kv_room: Callable[[int, int], str | None]  # (tokens, sequences) -> why they never fit, or None
 
 
 def group_class(params: object) -> type[SampleGroup] | type[BeamGroup] | None:

@@ -18,7 +18,8 @@ import torch
 from minipaged.attention.cache_attention import PagedAttention
 from minipaged.engine.config import EngineConfig, block_nbytes
 from minipaged.engine.contiguous_manager import ContiguousKVManager
-from minipaged.engine.kv_manager import KVManager, KVReport, PagedKVManager
+from minipaged.engine.kv_cache_manager import KVCacheManager
+from minipaged.engine.kv_manager import PagedKVManager
 from minipaged.engine.plugins import EnginePlugins
 from minipaged.kernels.choose import get_backend
 from minipaged.kv.paged_cache import PagedKVCache
@@ -27,8 +28,7 @@ from minipaged.model.config import ModelConfig
 
 @dataclass
 class KVLayout:
-    manager: KVManager
-    report: KVReport  # the same manager, seen only through its figures
+    manager: KVCacheManager  # the scheduler's one door, whichever layout is behind it
     cache: PagedKVCache  # [num_layers, num_blocks, block_size, kv_heads, head_dim] for K and for V
     attention: PagedAttention
     host_cache: PagedKVCache | None = None  # swap space
@@ -58,7 +58,7 @@ def build_kv_layout(
             )
         cache = PagedKVCache(model.num_hidden_layers, num_slots, 1, *heads, dtype=dtype, device=device)
         contiguous = ContiguousKVManager(num_slots, bs, max_model_len, cfg.contiguous_reserve)
-        return KVLayout(contiguous, contiguous, cache, PagedAttention(cache.k, cache.v, backend))
+        return KVLayout(contiguous, cache, PagedAttention(cache.k, cache.v, backend))
     cache = PagedKVCache(model.num_hidden_layers, num_blocks, bs, *heads, dtype=dtype, device=device)
     num_host_blocks, host = 0, None
     if cfg.preemption_mode == "swap":
@@ -68,5 +68,9 @@ def build_kv_layout(
             raise ValueError(f"swap_space={cfg.swap_space} bytes holds no block of {per_block} bytes: give more")
         pin = device.type == "cuda"
         host = PagedKVCache(model.num_hidden_layers, num_host_blocks, bs, *heads, dtype=dtype, pin_memory=pin)
-    manager = PagedKVManager(num_blocks, bs, cfg.enable_prefix_caching, num_host_blocks, plugins)
-    return KVLayout(manager, manager, cache, PagedAttention(cache.k, cache.v, backend), host)
+    p = plugins or EnginePlugins()
+    manager = PagedKVManager(
+        num_blocks, bs, cfg.enable_prefix_caching, num_host_blocks, block_pool=p.block_pool,
+        block_hashes=p.block_hashes, prefix_lookup=p.prefix_lookup, copy_on_write=p.copy_on_write, fork=p.fork,
+    )  # fmt: skip
+    return KVLayout(manager, cache, PagedAttention(cache.k, cache.v, backend), host)

@@ -1,22 +1,12 @@
-"""KV memory for the engine: which blocks each sequence owns. Blocks only — no tensors are read
-or written here (the model runner does that, as each batch's ``blocks_to_copy``,
-``blocks_to_swap_out`` and ``blocks_to_swap_in`` say).
+"""Paged KV memory for the engine: which blocks each sequence owns (one of the two layouts
+behind :class:`~minipaged.engine.kv_cache_manager.KVCacheManager`, the scheduler's one door).
 
-:class:`KVManager` is what the scheduler asks of memory in a step, and :class:`KVReport` the
-figures read about it on request; two layouts implement both (the factory in
-:mod:`minipaged.engine.kv_layout` picks one):
-
-- :class:`PagedKVManager`: a block pool, block tables grown one block at a time, prefix caching,
-  copy-on-write, and swapping to a host pool (stages 1-2, 6 and the paper's §4.5);
-- :class:`~minipaged.engine.contiguous_manager.ContiguousKVManager`: stage 0's one reservation
-  per sequence, kept to compare the two on the same memory budget. It shares nothing, matches
-  no prefix and never swaps, so it has no such methods.
-
-A *unit* is the sequences that are scheduled, preempted and swapped together (their request
-group says which: one sample, or every live beam of a beam search). ``plan`` gives each
-member's new tokens this step. What a step changes in memory beyond the blocks a sequence owns
-(the copies it owes, the blocks it fills for the prefix cache) is recorded in the step's
-transaction (:class:`~minipaged.engine.step_transaction.StepTransaction`).
+Blocks only — no tensors are read or written here (the model runner does that, as each step's
+``blocks_to_copy``, ``blocks_to_swap_out`` and ``blocks_to_swap_in`` say): a block pool, block
+tables grown one block at a time, prefix caching, copy-on-write, and swapping to a host pool
+(stages 1-2, 6 and the paper's §4.5). What a step changes in memory beyond the blocks a
+sequence owns (the copies it owes, the blocks it fills for the prefix cache) is recorded in the
+step's transaction (:class:`~minipaged.engine.step_transaction.StepTransaction`).
 """
 
 from __future__ import annotations
@@ -24,70 +14,26 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, Protocol
 
+from minipaged.engine.prefix_hit import PrefixHit
 from minipaged.engine.sequence import Sequence
-from minipaged.engine.step_transaction import PrefixHit, StepTransaction
-from minipaged.kv.block_pool import BlockPool, KVBlockPool
-from minipaged.kv.prefix_cache import PrefixCache
+from minipaged.engine.step_transaction import StepTransaction
+from minipaged.kv.block_pool import BlockPool, KVBlockPool, KVCacheBlock, fork_blocks
+from minipaged.kv.prefix_cache import PrefixCache, PrefixIndex, chain_hashes, copy_on_write
 from minipaged.utils import cdiv
 
-if TYPE_CHECKING:
-    from minipaged.engine.plugins import EnginePlugins
-
-
-class KVManager(Protocol):
-    """What the scheduler asks of memory in every step, whatever the layout.
-
-    Sharing (``fork``), prefix hits and swapping are the paged layout's alone: the scheduler
-    reaches them through :class:`PagedKVManager` (its ``paged``), never through this interface.
-    """
-
-    can_fork: bool  # whether sequences can share blocks (samples fork, beams branch)
-    table_block_size: int  # slots per entry of the tables that ``block_ids`` returns
-
-    def refuse(self, num_tokens: int, num_seqs: int) -> str | None:
-        """Why ``num_seqs`` sequences of up to ``num_tokens`` tokens could never fit, or None."""
-        ...
-
-    def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool: ...
-
-    def allocate(self, seq: Sequence, num_new_tokens: int, tx: StepTransaction) -> None:
-        """Room for the step's new tokens; the copies owed before the forward go to ``tx``."""
-        ...
-
-    def block_ids(self, seq: Sequence, num_tokens: int) -> Seq[int]:
-        """Where ``seq``'s first ``num_tokens`` tokens live, one entry per ``table_block_size``
-        slots: a new sequence, not a view of the sequence's own table."""
-        ...
-
-    def free(self, seq: Sequence) -> None: ...
-
-    def mark_written(self) -> None:
-        """The step ran: every slot handed out for it holds K/V now (the peak is updated)."""
-        ...
-
-
-class KVReport(Protocol):
-    """Figures about memory, read on request (``LLM.kv_stats``), never by a step's work."""
-
-    peak_slots_allocated: int
-
-    def tokens_held(self, live: list[Sequence]) -> int:
-        """Slots holding a live token; a slot shared by several sequences counts once."""
-        ...
-
-    def slots_allocated(self) -> int: ...
-
-    def stats(self) -> dict: ...
+BlockHashFn = Callable[[Seq[int], int, "list[int] | None", object], list[int]]
+PrefixLookupFn = Callable[[PrefixIndex, Seq[int], Seq[int], int], list[KVCacheBlock]]
+CopyOnWriteFn = Callable[[KVBlockPool, list[int], int], "tuple[int, int] | None"]
+ForkFn = Callable[[KVBlockPool, list[int]], list[int]]
 
 
 class PagedKVManager:
     """Blocks for sequences: prefix hits first, then one new block whenever the last one fills.
 
     With ``num_host_blocks`` a second pool in host memory takes preempted units' blocks (swap).
-    ``plugins`` gives the pool, the block hashing, the prefix lookup, copy-on-write and fork
-    (:mod:`minipaged.engine.plugins`; default: the package's).
+    The pool, the block hashing, the prefix lookup, copy-on-write and fork are pieces a learner
+    may swap (:mod:`minipaged.engine.plugins` hands them in; default: the package's).
     """
 
     can_fork = True
@@ -98,18 +44,19 @@ class PagedKVManager:
         block_size: int,
         enable_prefix_caching: bool,
         num_host_blocks: int = 0,
-        plugins: EnginePlugins | None = None,
+        *,
+        block_pool: Callable[[int], KVBlockPool] = BlockPool,
+        block_hashes: BlockHashFn = chain_hashes,
+        prefix_lookup: PrefixLookupFn = PrefixIndex.find,
+        copy_on_write: CopyOnWriteFn = copy_on_write,
+        fork: ForkFn = fork_blocks,
     ):
-        if plugins is None:  # imported here: plugins names the scheduler, which imports this module
-            from minipaged.engine.plugins import EnginePlugins
-
-            plugins = EnginePlugins()
         self.block_size = self.table_block_size = block_size
-        self.pool: KVBlockPool = plugins.block_pool(num_blocks)
-        self.hash_blocks: Callable[[Seq[int], int, list[int] | None, object], list[int]] = plugins.block_hashes
-        self.prefix_lookup = plugins.prefix_lookup
-        self.copy_on_write = plugins.copy_on_write
-        self.fork_blocks = plugins.fork
+        self.pool: KVBlockPool = block_pool(num_blocks)
+        self.hash_blocks: BlockHashFn = block_hashes
+        self.prefix_lookup: PrefixLookupFn = prefix_lookup
+        self.copy_on_write: CopyOnWriteFn = copy_on_write
+        self.fork_blocks: ForkFn = fork
         self.host_pool = BlockPool(num_host_blocks) if num_host_blocks else None
         self.prefix_cache = PrefixCache(self.pool) if enable_prefix_caching else None
         self.peak_slots_allocated = 0
@@ -128,19 +75,19 @@ class PagedKVManager:
         return None
 
     # -- admission -------------------------------------------------------------------------
-    def prefix_hit(self, seq: Sequence, tx: StepTransaction) -> PrefixHit:
+    def get_computed_blocks(self, seq: Sequence, tx: StepTransaction, scores_prompt: bool = False) -> PrefixHit:
         """Waiting ``seq``'s longest cached prefix, in the prefix cache and among the blocks this
         step fills (staged in ``tx``). Nothing changes: :meth:`hold` and :meth:`attach` take it.
 
         At least the last token is always left to compute, since its logits give the next token:
         a block holding the last token is never taken from the cache, so nothing shared is
-        written again. A request that asks for ``prompt_logprobs`` takes no hit (vLLM's rule):
-        its prompt needs every row's logits, and a cached block has only K/V.
+        written again. A request that asks for ``prompt_logprobs`` (``scores_prompt``) takes no
+        hit (vLLM's rule): its prompt needs every row's logits, and a cached block has only K/V.
         """
         if self.prefix_cache is None:
             return PrefixHit()
         hashes = self.hash_blocks(seq.token_ids, self.block_size, seq.block_hashes, None)
-        if seq.group.prompt_logprobs is not None:
+        if scores_prompt:
             return PrefixHit(hashes)  # its blocks are still hashed, and cached for the others
         usable = hashes[: (len(seq) - 1) // self.block_size]
         return PrefixHit(hashes, self.prefix_lookup(tx.prefix_index(), usable, seq.token_ids, self.block_size))
@@ -193,7 +140,7 @@ class PagedKVManager:
     def can_schedule(self, unit: list[Sequence], plan: list[int]) -> bool:
         return self._blocks_needed(unit, plan, self.pool) <= self.pool.num_free_blocks
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, tx: StepTransaction) -> None:
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, tx: StepTransaction) -> None:
         """Room for ``num_new_tokens`` more tokens; a shared block is copied before it is written
         (the copy owed goes to ``tx.batch.blocks_to_copy``), and the blocks the step fills are staged."""
         table = seq.block_table
@@ -290,6 +237,10 @@ class PagedKVManager:
 
     def slots_allocated(self) -> int:
         return self.pool.num_used_blocks * self.block_size
+
+    def block_states(self) -> tuple[list[int], list[bool], int]:
+        blocks = self.pool.blocks
+        return [b.ref_cnt for b in blocks], [b.block_hash is not None for b in blocks], self.pool.num_free_blocks
 
     def stats(self) -> dict:
         return dict(

@@ -4,23 +4,26 @@
     out = llm.generate(["abc<copy>hello<end>"], SamplingParams(temperature=0))
     out[0].outputs[0].text                        # 'hello'
 
-One step is three calls: the :class:`Scheduler` decides (``schedule`` -> a
-:class:`ScheduledBatch`), the :class:`ModelRunner` executes (``run`` -> the sampled tokens),
-and the scheduler applies the outcome (``postprocess``). For notebooks and servers there is a
-step-level API, as in vLLM's ``LLMEngine``: :meth:`LLM.add_request`, :meth:`LLM.step` (returns the
-:class:`RequestOutput` of every request that got a token), :meth:`LLM.abort_request`,
-:meth:`LLM.kv_stats` and ``LLM.num_steps``. :meth:`LLM.run_step` is the step itself (-> the
-batch it ran and the sequences it moved on): the drawings drive it to record what a step did
-(:func:`minipaged.viz.snapshot.step_snapshot`; the engine builds no snapshot), and so do the
-benchmarks and the paper's runs, with :meth:`LLM.get_output` and ``LLM.step_hooks`` (called in
-every step once its K/V are written). :meth:`LLM.beam_search` runs beam search; :meth:`LLM.chat`
-renders conversations with the model's chat template and generates.
+One step hands three plain records one way (:meth:`LLM.engine_step`, vLLM V1's
+``EngineCore.step``): the :class:`Scheduler` decides (``schedule`` -> a
+:class:`~minipaged.engine.scheduler_output.SchedulerOutput`), the :class:`ModelRunner` executes
+(``execute_model`` -> a :class:`~minipaged.engine.runner_output.ModelRunnerOutput`), and the
+scheduler applies it (``commit``, then ``update_from_output``: the request groups' decisions);
+the step's :class:`~minipaged.engine.step_output.StepOutput` comes back. For notebooks and
+servers there is a step-level API, as in vLLM's ``LLMEngine``: :meth:`LLM.add_request`,
+:meth:`LLM.step` (the :class:`RequestOutput` of every request that got a token),
+:meth:`LLM.abort_request`, :meth:`LLM.kv_stats`, :meth:`LLM.pool_summary` and ``LLM.num_steps``.
+Whoever watches the engine (drawings, the server, the timers, the paper) reads the step's
+output or subscribes to it (:meth:`LLM.subscribe`); the engine builds no picture.
+:meth:`LLM.beam_search` runs beam search; :meth:`LLM.chat` renders conversations with the
+model's chat template and generates.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -30,7 +33,6 @@ import torch
 from tqdm.auto import tqdm
 
 from minipaged.engine import inputs
-from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.beam_search import BeamGroup, BeamSearchOutput
 from minipaged.engine.config import EngineConfig
 from minipaged.engine.kv_layout import build_kv_layout
@@ -38,10 +40,14 @@ from minipaged.engine.messages import Conversation, as_conversations, render, te
 from minipaged.engine.model_runner import ModelRunner
 from minipaged.engine.outputs import RequestOutput
 from minipaged.engine.plugins import EnginePlugins
-from minipaged.engine.request_group import RequestGroup, StopChecker
+from minipaged.engine.pool_summary import PoolSummary, SequenceState
+from minipaged.engine.request_group import RequestGroup
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.engine.scheduler import Scheduler
+from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.engine.sequence import Sequence
+from minipaged.engine.step_output import StepOutput
+from minipaged.engine.stop_checker import StopChecker
 from minipaged.model.loader import load_model
 from minipaged.model.precision import load_dtype, resolve_precision
 
@@ -95,7 +101,7 @@ class LLM:
         if cfg.num_kvcache_blocks is None:
             log.info("KV cache: %s", why)
         layout = build_kv_layout(cfg, mc, self.num_blocks, self.max_model_len, dtype, device, plugins)
-        self.kv_manager, self.kv_report = layout.manager, layout.report
+        self.kv_manager = layout.manager
         self.runner = ModelRunner(self.model, layout.cache, layout.attention, layout.host_cache, plugins.slot_mapping)
         self.kv_cache = layout.cache
         stop = StopChecker(mc.eos_token_ids, self.max_model_len, self.tokenizer)
@@ -111,8 +117,7 @@ class LLM:
         self._requests: dict[int, RequestGroup] = {}
         self._step = 0
         self.failed_request_ids: list[int] = []  # the requests of the last step that raised
-        # Called with each step's batch once its K/V are written (see Scheduler.step_hooks).
-        self.step_hooks: list[Callable[[ScheduledBatch], None]] = self.scheduler.step_hooks
+        self.observers: list[Callable[[StepOutput], None]] = []  # called with every step's output
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: inputs.Prompt, params: SamplingParams | None = None) -> int:
@@ -161,24 +166,54 @@ class LLM:
         had without the failure (``abort_request`` drops a request instead).
         ``failed_request_ids`` lists the requests that the failed step ran.
         """
-        _, progressed = self.run_step()
-        groups = {s.request_id: self._requests[s.request_id] for s in progressed}
-        return [groups[r].output(self.tokenizer) for r in sorted(groups) if groups[r].streams]
+        return self.engine_step().outputs
 
-    def run_step(self) -> tuple[ScheduledBatch, list[Sequence]]:
-        """One step: the batch it ran and the sequences it moved on (no outputs are built).
-
-        The three calls, with the rollback that makes a failed step leave no trace (see :meth:`step`).
-        """
+    def engine_step(self, outputs: bool = True) -> StepOutput:
+        """One step, its three records handed one way; returns its :class:`StepOutput` (with the
+        :class:`RequestOutput` s :meth:`step` returns unless ``outputs=False``) and hands it to
+        every subscribed observer. The rollback that makes a failed step leave no trace is here
+        (see :meth:`step`)."""
+        start = time.perf_counter()
         try:
-            batch = self.scheduler.schedule()
-            sampled = self.runner.run(batch)
+            scheduled = self.scheduler.schedule()
+            mid = time.perf_counter()
+            ran = self.runner.run(scheduled)
         except BaseException:
             self.failed_request_ids = self.scheduler.rollback()
             raise
-        progressed = self.scheduler.postprocess(batch, sampled)
+        executed = time.perf_counter()
+        self.scheduler.commit(scheduled, ran)
+        at_peak = self.kv_stats() if self.observers else None  # nothing freed yet: the step's fullest
+        decisions = self.scheduler.update_from_output(scheduled, ran)
         self._step += 1
-        return batch, progressed
+        end = time.perf_counter()
+        ids = sorted({seq.request_id for _, seq in scheduled.samples})
+        running = self.scheduler.running
+        out = StepOutput(
+            self._step, scheduled, ran, decisions, ids,
+            [self._requests[r].output(self.tokenizer) for r in ids if self._requests[r].streams] if outputs else [],
+            [r for r in ids if self._requests[r].finished],
+            len(running), len(self.scheduler.waiting), sum(len(u) for u in self.scheduler.swapped),
+            len({s.request_id for s in running}), at_peak,
+            {"schedule": mid - start, "execute": executed - mid, **ran.seconds, "update": end - executed,
+             "total": end - start},
+        )  # fmt: skip
+        for observer in list(self.observers):
+            observer(out)
+        return out
+
+    def run_step(self) -> tuple[SchedulerOutput, StepOutput]:
+        """One step without building outputs: the :class:`SchedulerOutput` it ran, and its
+        :class:`StepOutput` (the older form of :meth:`engine_step`, kept for its callers)."""
+        out = self.engine_step(outputs=False)
+        return out.scheduler_output, out
+
+    def subscribe(self, observer: Callable[[StepOutput], None]) -> None:
+        """Call ``observer`` with every step's :class:`StepOutput` (until :meth:`unsubscribe`)."""
+        self.observers.append(observer)
+
+    def unsubscribe(self, observer: Callable[[StepOutput], None]) -> None:
+        self.observers.remove(observer)
 
     @property
     def num_steps(self) -> int:
@@ -193,25 +228,42 @@ class LLM:
 
     def kv_stats(self) -> dict:
         """Pool figures: blocks, free blocks, preemptions, live tokens vs allocated slots, prefix hits, swaps."""
-        live = self.scheduler.running
+        kv = self.kv_manager
         return dict(
             kv_layout=self.config.kv_layout,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
-            tokens_held=self.kv_report.tokens_held(live),
-            slots_allocated=self.kv_report.slots_allocated(),
-            peak_slots_allocated=self.kv_report.peak_slots_allocated,
+            tokens_held=kv.tokens_held(self.scheduler.running),
+            slots_allocated=kv.slots_allocated(),
+            peak_slots_allocated=kv.peak_slots_allocated,
             **self.scheduler.stats(),
-            **self.kv_report.stats(),
+            **kv.stats(),
         )
+
+    def pool_summary(self) -> PoolSummary:
+        """The pool as an observer draws it (:class:`PoolSummary`): every unfinished sequence with
+        its blocks, every block's ``ref_cnt`` and cached flag (paged only), and :meth:`kv_stats`."""
+        s = self.scheduler
+
+        def states(seqs: Seq[Sequence], status: str) -> list[SequenceState]:
+            return [
+                SequenceState(q.seq_id, q.request_id, q.sample_index, status, q.num_computed_tokens,
+                              list(q.block_table.block_ids) if status == "running" else [])
+                for q in seqs
+            ]  # fmt: skip
+
+        ref_cnt, cached, num_free = self.kv_manager.block_states()
+        return PoolSummary(
+            self.config.kv_layout, self.num_blocks, self.block_size, num_free, ref_cnt, cached,
+            states(s.running, "running"), states(list(s.waiting), "waiting"),
+            states([q for unit in s.swapped for q in unit], "swapped"), self.kv_stats(),
+        )  # fmt: skip
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix, as vLLM's ``LLM.reset_prefix_cache``: returns False and
         changes nothing while any request holds blocks (let it finish, or abort it, first);
         True once nothing is cached. The next request computes its whole prompt."""
-        if self.scheduler.paged is not None:
-            return self.scheduler.paged.reset_prefix_cache()
-        return self.kv_report.slots_allocated() == 0
+        return self.kv_manager.reset_prefix_cache()
 
     # -- the batch API ---------------------------------------------------------------------
     def generate(
@@ -283,8 +335,7 @@ class LLM:
         try:
             with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
                 while self.has_unfinished_requests():
-                    _, progressed = self.run_step()
-                    bar.update(sum(self._requests[r].finished for r in {s.request_id for s in progressed}))
+                    bar.update(len(self.engine_step(outputs=False).finished))
         except BaseException:
             self.abort_request(ids)
             raise

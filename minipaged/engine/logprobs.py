@@ -31,12 +31,9 @@ import itertools
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
-
-if TYPE_CHECKING:
-    from minipaged.engine.batch import ScheduledBatch
 
 
 @dataclass
@@ -83,23 +80,27 @@ def prompt_positions(num_scored: int, start: int, num_tokens: int, num_prompt_to
     return range(max(start + 1, num_scored), min(start + num_tokens + 1, num_prompt_tokens))
 
 
-def prompt_rows(batch: ScheduledBatch) -> list[int]:
-    """Indices into the step's packed tokens of the prompt rows ``batch.prompt_logprobs`` scores:
-    for each prompt token ``j`` of a row, the token at ``j - 1``, in order."""
-    first = [0, *itertools.accumulate(batch.q_lens)]  # each row's first packed token
-    return [first[row] + j - 1 - batch.starts[row] for row, positions, _ in batch.prompt_logprobs for j in positions]
+def prompt_rows(q_lens: Seq[int], starts: Seq[int], scored: Seq[tuple[int, range, int]]) -> list[int]:
+    """Indices into the step's packed tokens (rows of ``q_lens`` new tokens from ``starts``) of the
+    prompt rows that ``scored`` (a ``SchedulerOutput.prompt_logprobs``) scores: for each prompt
+    token ``j`` of a row, the token at ``j - 1``, in order."""
+    first = [0, *itertools.accumulate(q_lens)]  # each row's first packed token
+    return [first[row] + j - 1 - starts[row] for row, positions, _ in scored for j in positions]
 
 
-def prompt_logprobs(logits: torch.Tensor, batch: ScheduledBatch) -> dict[int, list[TokenLogprobs]]:
+def prompt_logprobs(
+    logits: torch.Tensor, scored: Seq[tuple[int, range, int]], row_tokens: Seq[Seq[int]]
+) -> dict[int, list[TokenLogprobs]]:
     """logits: [num_prompt_rows, vocab], the rows after the sampling rows, in the order of
-    :func:`prompt_rows` -> row of the batch -> its scored prompt tokens' entries, in order."""
+    :func:`prompt_rows`; ``row_tokens[row]``: the tokens of that row's sequence -> row of the
+    batch -> its scored prompt tokens' entries, in order."""
     tokens: list[int] = []
     ks: list[int] = []
-    for row, positions, k in batch.prompt_logprobs:
-        tokens += [batch.seqs[row].token_ids[j] for j in positions]
+    for row, positions, k in scored:
+        tokens += [row_tokens[row][j] for j in positions]
         ks += [k] * len(positions)
     entries = iter(score(logits, tokens, ks))
-    return {row: [next(entries) for _ in positions] for row, positions, _ in batch.prompt_logprobs}
+    return {row: [next(entries) for _ in positions] for row, positions, _ in scored}
 
 
 class LogprobsRecord(Generic[Entry]):

@@ -13,8 +13,12 @@ host pool that swapped blocks go to, the attention that reads the cache, and eac
   prompt rows whose logits score prompt tokens (``prompt_logprobs``; see
   :mod:`~minipaged.engine.logprobs`): no other row's logits are wanted.
 
-:meth:`ModelRunner.run` is the step's one call into tensors: swaps out, swaps in, copy-on-write
-copies, the forward (:meth:`forward`), then sampling (below).
+:meth:`ModelRunner.execute_model` (vLLM's name; ``run`` is the same) is the step's one call into
+tensors: it takes the step's :class:`~minipaged.engine.scheduler_output.SchedulerOutput` and
+returns its :class:`~minipaged.engine.runner_output.ModelRunnerOutput`: swaps out, swaps in,
+copy-on-write copies, the forward (:meth:`forward`), then sampling (below). It times its phases
+into the output's ``seconds`` (attention too, through :class:`TimedAttention`), so that nobody
+needs to patch it to see where a step's time goes.
 
 **Sampling** turns the batch's next-token logits into tokens, one call for the whole batch
 (:func:`sample`). Greedy rows take one ``argmax``. The other rows are filtered together: divide
@@ -37,15 +41,17 @@ prompt tokens (:func:`~minipaged.engine.logprobs.prompt_logprobs`).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from typing import cast
 
 import torch
 
 from minipaged.attention.cache_attention import PagedAttention, PagedMetadata
-from minipaged.engine.batch import SamplerOutput, ScheduledBatch
 from minipaged.engine.logprobs import TokenLogprobs, prompt_logprobs, prompt_rows, score
+from minipaged.engine.runner_output import ModelRunnerOutput
 from minipaged.engine.sampling_params import SamplingParams
+from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.kv.slot_mapping import SlotMappingFn, build_slot_mapping
 from minipaged.model.decoder import DecoderModel
@@ -68,8 +74,9 @@ class ModelRunner:
         self.kv_cache = cache
         self.attn = attention
         self.host_cache = host_cache
+        self.seconds: dict[str, float] = {}  # the phases of the step in flight (ModelRunnerOutput.seconds)
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def prepare(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Pack the batch and hand its metadata to attention; returns input_ids, positions and
         logits_indices."""
         dev = self.device
@@ -83,7 +90,7 @@ class ModelRunner:
         self.attn.set_batch(meta)
         rows = [end - 1 for end in itertools.accumulate(batch.q_lens)]  # each row's last new token
         if batch.prompt_logprobs:
-            rows += prompt_rows(batch)
+            rows += prompt_rows(batch.q_lens, batch.starts, batch.prompt_logprobs)
         return (
             torch.tensor(input_ids, device=dev),
             torch.tensor(positions, device=dev),
@@ -91,16 +98,26 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def forward(self, batch: ScheduledBatch) -> torch.Tensor:
+    def forward(self, batch: SchedulerOutput) -> torch.Tensor:
         """Compute the batch's new tokens. Returns logits [num_seqs + num_prompt_rows, vocab]: at
         each sequence's last new token (meaningful only for sequences whose step reaches their
-        last token), then at the prompt rows that ``batch.prompt_logprobs`` scores."""
+        last token), then at the prompt rows that ``batch.prompt_logprobs`` scores. The time of
+        ``prepare``, ``forward`` and, inside it, ``attention`` goes to the step's ``seconds``."""
+        seconds = self.seconds
+        start = time.perf_counter()
         input_ids, positions, logits_indices = self.prepare(batch)
-        return self.model(input_ids, positions, self.attn, logits_indices=logits_indices)
+        mid = time.perf_counter()
+        logits = self.model(input_ids, positions, TimedAttention(self.attn, seconds), logits_indices=logits_indices)
+        seconds["prepare"], seconds["forward"] = mid - start, time.perf_counter() - mid
+        return logits
 
-    def run(self, batch: ScheduledBatch) -> SamplerOutput:
+    def execute_model(self, batch: SchedulerOutput) -> ModelRunnerOutput:
         """Move the blocks the batch asks for, then forward, sample every sampling row and score
         the prompt tokens the batch asks to."""
+        return self.run(batch)
+
+    def run(self, batch: SchedulerOutput) -> ModelRunnerOutput:
+        """:meth:`execute_model`."""
         if batch.blocks_to_swap_out or batch.blocks_to_swap_in:
             assert self.host_cache is not None, "swapping needs the host pool of preemption_mode='swap'"
             if batch.blocks_to_swap_out:  # before anything can overwrite the freed device blocks
@@ -110,23 +127,29 @@ class ModelRunner:
         if batch.blocks_to_copy:
             self.kv_cache.copy_blocks(batch.blocks_to_copy)
         if not batch.seqs:
-            return SamplerOutput()
+            return ModelRunnerOutput()
+        seconds = self.seconds = {"attention": 0.0}  # this step's: forward and sample add theirs
         logits = self.forward(batch)
+        start = time.perf_counter()
         num_seqs = len(batch.seqs)
         out = self.sample(logits[:num_seqs], batch)
         if batch.prompt_logprobs:
-            out.prompt_logprobs = prompt_logprobs(logits[num_seqs:], batch)
+            out.prompt_logprobs = prompt_logprobs(
+                logits[num_seqs:], batch.prompt_logprobs, [s.token_ids for s in batch.seqs]
+            )
+        seconds["sample"] = time.perf_counter() - start
+        out.seconds = seconds
         return out
 
-    def sample(self, logits: torch.Tensor, batch: ScheduledBatch) -> SamplerOutput:
+    def sample(self, logits: torch.Tensor, batch: SchedulerOutput) -> ModelRunnerOutput:
         """One token per sampling row, ``logits[row]`` drawn with that sequence's params and
         generator (forked samples share their parent's row); a beam's candidates instead."""
-        out = SamplerOutput()
+        out = ModelRunnerOutput()
         draws: list[tuple[int, int, SamplingParams, torch.Generator | None]] = []
         beams: list[tuple[int, int, int]] = []  # (sample, row, candidates wanted)
-        for i, (row, seq) in enumerate(batch.samples):
-            if seq.group.num_candidates:
-                beams.append((i, row, seq.group.num_candidates))
+        for i, ((row, seq), k) in enumerate(zip(batch.samples, batch.candidates)):
+            if k:
+                beams.append((i, row, k))
             else:  # a group that draws one token a row samples with SamplingParams
                 draws.append((i, row, cast(SamplingParams, seq.params), seq.generator))
         if draws:
@@ -140,6 +163,22 @@ class ModelRunner:
             drawn = iter(out.token_ids)  # token_ids stays indexed like batch.samples (-1: a beam's row)
             out.token_ids = [-1 if i in out.candidates else next(drawn) for i in range(len(batch.samples))]
         return out
+
+
+class TimedAttention:
+    """The runner's attention as the model sees it, adding each layer's ``attend`` time to
+    ``seconds["attention"]`` (the KV write and the attention itself)."""
+
+    def __init__(self, attn: PagedAttention, seconds: dict[str, float]) -> None:
+        self.attn, self.seconds = attn, seconds
+        self.seconds.setdefault("attention", 0.0)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        try:
+            return self.attn.attend(layer, q, k, v)
+        finally:
+            self.seconds["attention"] += time.perf_counter() - start
 
 
 def sample(

@@ -23,14 +23,14 @@ plugged one replaces. The names are vLLM v1's.
 - ``fork`` (:func:`~minipaged.kv.block_pool.fork_blocks`): when the ``n`` samples of a prompt,
   or beams, branch, ``(pool, parent_block_ids)`` -> the child's block ids;
 - ``scheduler_policy`` (:meth:`~minipaged.engine.scheduler.Scheduler.schedule_fcfs`): every
-  step, ``(scheduler)`` -> the step's :class:`~minipaged.engine.batch.ScheduledBatch`;
+  step, ``(scheduler)`` -> the step's :class:`~minipaged.engine.scheduler_output.SchedulerOutput`;
 - ``attention_backend`` (None: the one ``attention_backend=`` names): an
   :class:`~minipaged.attention.backends.AttentionBackend` that writes and reads the cache in
   every layer of every step.
 
 The memory pieces (all but ``slot_mapping`` and ``scheduler_policy``) apply to
 ``kv_layout="paged"``. A policy of your own decides from the scheduler's public state
-(``waiting``, ``running``, ``kv``) and hands its decisions to
+(``waiting``, ``running``, ``kv``, ``group_of``) and hands its decisions to
 :meth:`~minipaged.engine.scheduler.Scheduler.carry_out`, which makes the batch.
 """
 
@@ -41,8 +41,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from minipaged.attention.backends import AttentionBackend
-from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.scheduler import Scheduler
+from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.kv.block_pool import BlockPool, KVBlockPool, KVCacheBlock, fork_blocks
 from minipaged.kv.prefix_cache import PrefixIndex, chain_hashes, copy_on_write
 from minipaged.kv.slot_mapping import SlotMappingFn, build_slot_mapping
@@ -52,7 +52,7 @@ BlockHashFn = Callable[[Seq[int], int, "list[int] | None", object], list[int]]
 PrefixLookupFn = Callable[[PrefixIndex, Seq[int], Seq[int], int], list[KVCacheBlock]]
 CopyOnWriteFn = Callable[[KVBlockPool, list[int], int], "tuple[int, int] | None"]
 ForkFn = Callable[[KVBlockPool, list[int]], list[int]]
-SchedulerPolicy = Callable[[Scheduler], ScheduledBatch]
+SchedulerPolicy = Callable[[Scheduler], SchedulerOutput]
 
 
 @dataclass(frozen=True)

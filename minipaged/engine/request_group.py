@@ -14,9 +14,11 @@ of request it holds:
   (a request that asked for ``prompt_logprobs``; :mod:`~minipaged.engine.logprobs`), and
   ``receive_prompt`` to keep them;
 - ``num_candidates``: 0 when a row draws one token, else the most likely tokens it wants;
-- after the step, in three phases over every group that sampled: ``fork`` (new members take
-  their blocks), ``receive`` (each row's token, in row order) and ``settle`` (a beam search
-  chooses its beams);
+- after the step, in three phases over every group that sampled: ``forks`` (new members take
+  their parent's blocks), ``receive`` (each row's token, in row order) and ``settle`` (a beam
+  search chooses its beams). Each returns its decisions as data
+  (:mod:`~minipaged.engine.decisions`: append, fork, finish with the reason), and the scheduler
+  applies them: a group never calls the scheduler, nor reads its queues;
 - ``members()``, ``finished`` and ``output()``: what is still live, and what is handed back.
 
 **Samples.** On a cache that shares blocks the first sample computes the prompt alone, taking
@@ -25,33 +27,28 @@ token from its row and fork from it (``unforked`` until then), sharing its block
 every sample is its own unit. A cache that shares nothing queues all ``n``, each computing the
 prompt on its own.
 
-**When a sample stops** (:class:`StopChecker`, vLLM's rules). A sample group checks after each
-token is appended, in this order: an end-of-sequence token of the model (unless
-``ignore_eos``) or one of the request's ``stop_token_ids`` ends it with ``"stop"``; so does one
-of its ``stop`` strings appearing in the output text, which is then cut before the string;
-otherwise ``max_tokens`` generated tokens, or a sequence of ``max_model_len`` tokens, end it
-with ``"length"``. A stop token's id, or the stop string, is kept as the sequence's
-``stop_reason``.
+**When a sample stops**: the stop rules (:class:`~minipaged.engine.stop_checker.StopChecker`,
+vLLM's) are handed to ``receive``, which returns their :class:`~minipaged.engine.decisions.Finish`
+after the token's :class:`~minipaged.engine.decisions.Append`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from minipaged.engine.decisions import Append, Decision, Fork
+from minipaged.engine.limits import Limits
 from minipaged.engine.logprobs import LogprobsRecord, TokenLogprobs, prompt_positions
 from minipaged.engine.outputs import CompletionOutput, RequestOutput
+from minipaged.engine.runner_output import ModelRunnerOutput
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.engine.sequence import Sequence, Status
-
-if TYPE_CHECKING:
-    from minipaged.engine.batch import SamplerOutput
-    from minipaged.engine.inputs import Limits
-    from minipaged.engine.scheduler import Scheduler
+from minipaged.engine.stop_checker import StopChecker
 
 
 class RequestGroup(ABC):
@@ -104,9 +101,9 @@ class RequestGroup(ABC):
         return None
 
     # -- after the step --------------------------------------------------------------------
-    def fork(self, scheduler: Scheduler, sampled_by: Collection[int]) -> None:
-        """New members share their parent's blocks (``sampled_by``: ids of the step's samplers)."""
-        return None  # by default nothing forks here (a beam search forks its beams in ``settle``)
+    def forks(self, sampled_by: Collection[int]) -> list[Decision]:
+        """New members that share their parent's blocks (``sampled_by``: ids of the step's samplers)."""
+        return []  # by default nothing forks here (a beam search forks its beams in ``settle``)
 
     def receive_prompt(self, entries: list[TokenLogprobs]) -> None:
         """The entries of the prompt tokens a row scored, in order (where :meth:`scored_prompt` said)."""
@@ -114,10 +111,10 @@ class RequestGroup(ABC):
         self.prompt_logprobs.extend(entries)
 
     @abstractmethod
-    def receive(self, scheduler: Scheduler, seq: Sequence, sampled: SamplerOutput, i: int) -> list[Sequence]:
-        """Apply ``seq``'s sample ``i``; returns the sequences that moved on."""
+    def receive(self, seq: Sequence, sampled: ModelRunnerOutput, i: int, stop: StopChecker) -> list[Decision]:
+        """What ``seq``'s sample ``i`` of the step does (``stop``: the stop rules)."""
 
-    def settle(self, scheduler: Scheduler) -> list[Sequence]:
+    def settle(self) -> list[Decision]:
         """Once every row is received: what a group decides over all of them."""
         return []
 
@@ -212,15 +209,12 @@ class SampleGroup(RequestGroup):
         positions = prompt_positions(len(record), seq.num_computed_tokens, num_tokens, seq.num_prompt_tokens)
         return (positions, k) if positions else None
 
-    def fork(self, scheduler: Scheduler, sampled_by: Collection[int]) -> None:
+    def forks(self, sampled_by: Collection[int]) -> list[Decision]:
         if not self.unforked or self.unforked[0].seq_id not in sampled_by:
-            return
-        parent = self.seqs[0]
-        for child in self.unforked:
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.num_cached_tokens = parent.num_cached_tokens
-            scheduler.fork(parent, child)
+            return []
+        parent, children = self.seqs[0], self.unforked
         self.unforked = []
+        return [Fork(parent, child) for child in children]
 
     @staticmethod
     def check(params: Any, index: int, limits: Limits) -> int:
@@ -238,44 +232,11 @@ class SampleGroup(RequestGroup):
     def asks_for(params: Any) -> str:
         return f"n={params.n} samples"
 
-    def receive(self, scheduler: Scheduler, seq: Sequence, sampled: SamplerOutput, i: int) -> list[Sequence]:
+    def receive(self, seq: Sequence, sampled: ModelRunnerOutput, i: int, stop: StopChecker) -> list[Decision]:
         token = sampled.token_ids[i]
-        seq.token_ids.append(token)
+        append = Append(seq, token)
         if seq.logprobs is not None:
-            entry = sampled.logprobs[i]
-            seq.logprobs.extend([entry])
-            seq.cum_logprob += entry[token].logprob
-        reason = scheduler.stop.check(seq, self.params)
-        if reason is not None:
-            scheduler.finish(seq, reason)
-        return [seq]
-
-
-class StopChecker:
-    """The stop rules above; ``tokenizer`` decodes the output text for stop strings."""
-
-    def __init__(self, eos_token_ids: Iterable[int], max_model_len: int, tokenizer: Any = None) -> None:
-        self.eos_token_ids = frozenset(eos_token_ids)
-        self.max_model_len = max_model_len
-        self.tokenizer = tokenizer  # decodes the output text for stop strings
-
-    def check(self, seq: Sequence, params: SamplingParams) -> str | None:
-        """The finish reason once ``seq``'s last token is appended (``params``: its request's), or None to go on."""
-        token, stop_ids = seq.token_ids[-1], params.stop_token_ids or ()
-        if (not params.ignore_eos and token in self.eos_token_ids) or token in stop_ids:
-            seq.stop_reason = token if token in stop_ids else None  # vLLM: None for the model's own EOS
-            return "stop"
-        if params.stop and self._stop_string(seq, tuple(params.stop)):
-            return "stop"
-        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
-            return "length"
-        return None
-
-    def _stop_string(self, seq: Sequence, stops: tuple[str, ...]) -> bool:
-        """Whether the output text now holds a stop string; if so the text is cut before it."""
-        text = self.tokenizer.decode(seq.output_token_ids)
-        found = [(text.find(s), s) for s in stops if s in text]
-        if not found:
-            return False
-        seq.text_len, seq.stop_reason = min(found)
-        return True
+            append.entry = sampled.logprobs[i]
+            append.cum_logprob = seq.cum_logprob + append.entry[token].logprob
+        finish = stop.check(seq, self.params, token)
+        return [append] if finish is None else [append, finish]

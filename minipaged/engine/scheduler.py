@@ -17,11 +17,17 @@ units come back before waiting ones are admitted; waiting ones are admitted in F
 ``max_num_seqs``, the token budget and free memory allow, each with its prefix-cache hit, found
 without changing anything and taken only once the unit is admitted.
 
-**Postprocess.** After the batch ran, the computed tokens are counted, the step's transaction
-commits (the blocks it filled reach the prefix cache), the prompt logprobs it computed are kept,
-and each group that sampled takes its outcome in three phases: new samples fork from their
-finished prompt, each row's token is appended in row order (the stop rules finish what is done,
-freeing its blocks), and beam searches choose, fork and prune their beams.
+**After the step** the runner's :class:`~minipaged.engine.runner_output.ModelRunnerOutput` comes
+back in two calls. :meth:`commit`: the computed tokens are counted, the step's transaction
+commits (the blocks it filled reach the prefix cache), the prompt logprobs it computed are kept.
+:meth:`update_from_output`: each group that sampled says what happens, in three phases — new
+samples fork from their finished prompt, each row's token is appended in row order (the stop
+rules finish what is done), beam searches choose, fork and prune their beams — as data
+(:mod:`~minipaged.engine.decisions`), and :meth:`apply` carries out each decision: the one
+place that moves sequences between queues and frees their blocks after a step.
+
+The KV memory is one door (:class:`~minipaged.engine.kv_cache_manager.KVCacheManager`): the
+scheduler never asks which layout is behind it.
 
 **Rollback.** If anything between ``schedule`` and ``postprocess`` fails, :meth:`rollback`
 puts every unit the step touched back in the waiting queue to be recomputed (see
@@ -34,28 +40,30 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from minipaged.engine.batch import SamplerOutput, ScheduledBatch
-from minipaged.engine.kv_manager import KVManager, PagedKVManager
-from minipaged.engine.request_group import RequestGroup, StopChecker
+from minipaged.engine.decisions import Append, Decision, Finish, Fork
+from minipaged.engine.kv_cache_manager import KVCacheManager
+from minipaged.engine.prefix_hit import PrefixHit
+from minipaged.engine.request_group import RequestGroup
+from minipaged.engine.runner_output import ModelRunnerOutput
+from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.engine.sequence import Sequence, Status
-from minipaged.engine.step_transaction import PrefixHit, StepTransaction
+from minipaged.engine.step_transaction import StepTransaction
+from minipaged.engine.stop_checker import StopChecker
 
 
 class Scheduler:
     def __init__(
         self,
-        kv: KVManager,
+        kv: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         stop: StopChecker,
         preemption_mode: str = "recompute",
-        policy: Callable[[Scheduler], ScheduledBatch] | None = None,
+        policy: Callable[[Scheduler], SchedulerOutput] | None = None,
     ) -> None:
         self.kv = kv
-        # Sharing, prefix hits and swapping: the paged layout's alone (None for contiguous).
-        self.paged = kv if isinstance(kv, PagedKVManager) else None
         # Decides each step (``EnginePlugins.scheduler_policy``); the package's is schedule_fcfs.
-        self.policy: Callable[[Scheduler], ScheduledBatch] = policy or Scheduler.schedule_fcfs
+        self.policy: Callable[[Scheduler], SchedulerOutput] = policy or Scheduler.schedule_fcfs
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.stop = stop
@@ -68,21 +76,16 @@ class Scheduler:
         self.num_prefill_tokens_computed = 0  # prompts, chunks and recomputation: every token but decodes
         self.num_prefix_hit_tokens = 0  # prompt tokens served by the cache at first admission
         self.num_resumed_hit_tokens = 0  # tokens a resumed (preempted) request found cached
-        # Called with each batch once its K/V are written and its tokens counted, before the
-        # sampled tokens are applied and finished sequences let go of their blocks: the memory
-        # a step holds at its fullest. What watches the engine (the paper's per-step figures)
-        # hooks in here (``LLM.step_hooks``), so the engine carries no recording code.
-        self.step_hooks: list[Callable[[ScheduledBatch], None]] = []
-
-    def sharing(self) -> PagedKVManager:
-        """The paged manager, for what only it does (fork, swap); input checks keep the rest away."""
-        if self.paged is None:
-            raise RuntimeError("forking and swapping need kv_layout='paged'")
-        return self.paged
+        self.groups: dict[int, RequestGroup] = {}  # seq_id -> its request's group, while it is unfinished
 
     def add(self, group: RequestGroup) -> None:
         """Queue a request's sequences (those its group starts with)."""
+        self.groups.update((s.seq_id, group) for s in group.seqs)
         self.waiting.extend(group.queue())
+
+    def group_of(self, seq: Sequence) -> RequestGroup:
+        """The request group ``seq`` belongs to (a sequence holds no pointer up)."""
+        return self.groups[seq.seq_id]
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -93,28 +96,28 @@ class Scheduler:
         units = []
         for s in self.running:
             if s.seq_id not in seen:
-                unit = s.group.unit(s)
+                unit = self.group_of(s).unit(s)
                 seen.update(m.seq_id for m in unit)
                 units.append(unit)
         return units
 
     # -- before the step -------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
-        """The step's batch, as the policy decides it."""
+    def schedule(self) -> SchedulerOutput:
+        """The step's :class:`SchedulerOutput`, as the policy decides it."""
         return self.policy(self)
 
     def transaction(self) -> StepTransaction:
         """The step in flight (begun by the first decision a step makes)."""
         if self.tx is None:
-            self.tx = StepTransaction(self.kv.table_block_size, self.paged.prefix_cache if self.paged else None)
+            self.tx = StepTransaction(self.kv.table_block_size, self.kv.prefix_cache)
         return self.tx
 
-    def schedule_fcfs(self) -> ScheduledBatch:
+    def schedule_fcfs(self) -> SchedulerOutput:
         """The package's policy (the module docstring): running first, newest preempted, FIFO admission."""
         tx = self.transaction()
         budget = self._schedule_running(tx, self.max_num_batched_tokens)
         if not tx.batch.preempted:  # resume or admit only when nothing had to be preempted: memory is tight
-            taken = sum(unit[0].group.seats(unit) for unit in self.running_units())
+            taken = sum(self.group_of(unit[0]).seats(unit) for unit in self.running_units())
             budget, taken = self._resume_swapped(tx, budget, taken)
             self._admit_waiting(tx, budget, taken)
         return tx.batch
@@ -127,13 +130,13 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING or seq.seq_id in handled:  # preempted, or ran with its unit
                 continue
-            unit = seq.group.unit(seq)
+            unit = self.group_of(seq).unit(seq)
             handled.update(s.seq_id for s in unit)
-            plan = seq.group.plan(unit, [s.num_computed_tokens for s in unit], budget)
+            plan = self.group_of(seq).plan(unit, [s.num_computed_tokens for s in unit], budget)
             if plan is None:
                 continue
             while not self.kv.can_schedule(unit, plan):
-                self._preempt(self.running[-1].group.unit(self.running[-1]), tx)
+                self._preempt(self.group_of(self.running[-1]).unit(self.running[-1]), tx)
                 if seq.status is not Status.RUNNING:
                     break
             else:
@@ -144,14 +147,14 @@ class Scheduler:
         """Swapped units come back, oldest first, while seats, budget and device memory allow."""
         while self.swapped and budget > 0:
             unit = self.swapped[0]
-            group = unit[0].group
+            group = self.group_of(unit[0])
             plan = group.plan(unit, [s.num_computed_tokens for s in unit], budget)
             if taken + group.seats(unit) > self.max_num_seqs or plan is None:
                 break
-            if not self.sharing().can_swap_in(unit, plan):
+            if not self.kv.can_swap_in(unit, plan):
                 break
             self.swapped.popleft()
-            tx.batch.blocks_to_swap_in += self.sharing().swap_in(unit)
+            tx.batch.blocks_to_swap_in += self.kv.swap_in(unit)
             self.start(unit)
             taken += group.seats(unit)
             budget -= self._add_to_batch(unit, plan, tx)
@@ -160,16 +163,15 @@ class Scheduler:
     def _admit_waiting(self, tx: StepTransaction, budget: int, taken: int) -> None:
         """Waiting units are admitted in FIFO order, each with its prefix hit, while they fit."""
         while self.waiting and not self.swapped and budget > 0:
-            unit = self.waiting[0].group.unit(self.waiting[0])
-            group = unit[0].group
+            group = self.group_of(self.waiting[0])
+            unit = group.unit(self.waiting[0])
             if taken + group.seats(unit) > self.max_num_seqs:
                 break
-            hits = [self.paged.prefix_hit(s, tx) if self.paged else PrefixHit() for s in unit]
+            hits = [self._computed_blocks(s, tx) for s in unit]
             plan = group.plan(unit, [len(h.blocks) * self.kv.table_block_size for h in hits], budget)
             if plan is None:
                 break
-            fits = self.paged.can_admit(unit, hits, plan) if self.paged else self.kv.can_schedule(unit, plan)
-            if not fits:
+            if not self.kv.can_admit(unit, hits, plan):
                 break  # the unit waits, and nothing changed
             for s, hit in zip(unit, hits):
                 self.waiting.popleft()
@@ -180,11 +182,9 @@ class Scheduler:
 
     def _take_hit(self, seq: Sequence, hit: PrefixHit, tx: StepTransaction, held: bool) -> None:
         """Admitted ``seq`` takes its prefix hit (``held``: already taken by :meth:`match_waiting`)."""
-        tokens = 0
-        if self.paged:
-            if not held:
-                self.paged.hold(hit)
-            tokens = self.paged.attach(seq, hit)
+        if not held:
+            self.kv.hold(hit)
+        tokens = self.kv.attach(seq, hit)
         seq.num_computed_tokens = tokens
         if seq.num_cached_tokens is None:  # the first admission only (a resume reuses its own blocks)
             seq.num_cached_tokens = tokens
@@ -197,17 +197,20 @@ class Scheduler:
         """Take waiting ``seq``'s prefix-cache hit before a policy decides, held by the step's
         transaction (its blocks are no longer free); returns the tokens hit. :meth:`carry_out`
         gives it to ``seq`` if the policy admits it, and back to the pool if not."""
-        if seq.status is not Status.WAITING or seq.group.unit(seq) != [seq]:
+        if seq.status is not Status.WAITING or self.group_of(seq).unit(seq) != [seq]:
             raise ValueError(f"sequence {seq.seq_id} is not a waiting single sequence")
         tx = self.transaction()
         if seq.seq_id not in tx.held:
-            hit = self.paged.prefix_hit(seq, tx) if self.paged else PrefixHit()
-            if self.paged:
-                self.paged.hold(hit)
+            hit = self._computed_blocks(seq, tx)
+            self.kv.hold(hit)
             tx.held[seq.seq_id] = (seq, hit)
         return len(tx.held[seq.seq_id][1].blocks) * self.kv.table_block_size
 
-    def carry_out(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence]) -> ScheduledBatch:
+    def _computed_blocks(self, seq: Sequence, tx: StepTransaction) -> PrefixHit:
+        """Waiting ``seq``'s prefix hit, found without changing anything."""
+        return self.kv.get_computed_blocks(seq, tx, self.group_of(seq).prompt_logprobs is not None)
+
+    def carry_out(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence]) -> SchedulerOutput:
         """The batch of a policy's decisions: held hits of waiting sequences left out go back;
         then ``preempted`` are preempted (in order, by swap or recompute as the package's policy
         would), and each ``(seq, n)`` of ``scheduled`` gets room for ``n`` new tokens, admitted
@@ -216,8 +219,8 @@ class Scheduler:
         tx = self.transaction()
         chosen = {seq.seq_id for seq, _ in scheduled}
         for seq_id, (_, hit) in list(tx.held.items()):
-            if seq_id not in chosen and self.paged:
-                self.paged.release(hit)
+            if seq_id not in chosen:
+                self.kv.release(hit)
                 del tx.held[seq_id]
         for seq in preempted:
             if seq.status is not Status.RUNNING:
@@ -241,18 +244,20 @@ class Scheduler:
 
     def _add_to_batch(self, unit: list[Sequence], plan: list[int], tx: StepTransaction) -> int:
         """Give each member room for its new tokens and a row in the batch; returns the tokens."""
+        group = self.group_of(unit[0])
         for s, n in zip(unit, plan):
             if n:
-                self.kv.allocate(s, n, tx)
-                tx.add(s, n, self.kv.block_ids(s, s.num_computed_tokens + n))
+                self.kv.allocate_slots(s, n, tx)
+                table = self.kv.block_ids(s, s.num_computed_tokens + n)
+                tx.add(s, n, table, group.samplers(s), group.num_candidates, group.scored_prompt(s, n))
         return sum(plan)
 
     def _preempt(self, unit: list[Sequence], tx: StepTransaction) -> None:
         """Swap the unit out if host memory has room; else free it, to be recomputed later."""
         for s in unit:
             self.running.remove(s)
-        if self.swap and self.paged and self.paged.can_swap_out(unit):
-            tx.batch.blocks_to_swap_out += self.paged.swap_out(unit)
+        if self.swap and self.kv.can_swap_out(unit):
+            tx.batch.blocks_to_swap_out += self.kv.swap_out(unit)
             for s in unit:
                 s.status = Status.SWAPPED
             self.swapped.append(unit)
@@ -271,45 +276,70 @@ class Scheduler:
             self.waiting.appendleft(s)
 
     # -- after the step --------------------------------------------------------------------
-    def postprocess(self, batch: ScheduledBatch, sampled: SamplerOutput) -> list[Sequence]:
-        """The batch ran: count its tokens, commit, keep the prompt logprobs it computed, and let
-        each group that sampled take its outcome (fork, append, choose beams, stop). Returns the
-        sequences that moved on (beams: the group's live and pruned ones)."""
+    def commit(self, batch: SchedulerOutput, sampled: ModelRunnerOutput) -> None:
+        """The forward wrote the step's K/V: count its tokens, publish the blocks it filled, keep
+        the prompt logprobs it computed. Memory is at its fullest now (nothing freed yet)."""
         for seq, n, decode in zip(batch.seqs, batch.q_lens, batch.decode):
             if not decode:
                 self.num_prefill_tokens_computed += n
             seq.num_computed_tokens += n
-        self.transaction().commit()  # the forward wrote the step's K/V: its filled blocks are published
+        self.transaction().commit()
         for row, entries in sampled.prompt_logprobs.items():
-            batch.seqs[row].group.receive_prompt(entries)
+            self.group_of(batch.seqs[row]).receive_prompt(entries)
         self.kv.mark_written()
-        for hook in self.step_hooks:
-            hook(batch)
-        groups = list(dict.fromkeys(seq.group for _, seq in batch.samples))
+
+    def update_from_output(self, batch: SchedulerOutput, sampled: ModelRunnerOutput) -> list[Decision]:
+        """Each group that sampled decides (forks, then each row's token in row order, then a
+        beam search's choice), and each decision is applied as it comes. Returns them all."""
+        groups = list(dict.fromkeys(self.group_of(seq) for _, seq in batch.samples))
         # Fork first, apply tokens after: a parent whose first token stops it is freed below, and
         # a sibling forked after that would share an empty block table.
         sampled_by = {seq.seq_id for _, seq in batch.samples}
-        for group in groups:
-            group.fork(self, sampled_by)
-        progressed: list[Sequence] = []
+        decisions = [d for group in groups for d in self.apply(group, group.forks(sampled_by))]
         for i, (_, seq) in enumerate(batch.samples):
-            progressed += seq.group.receive(self, seq, sampled, i)
+            group = self.group_of(seq)
+            decisions += self.apply(group, group.receive(seq, sampled, i, self.stop))
         for group in groups:
-            progressed += group.settle(self)
+            decisions += self.apply(group, group.settle())
         self.tx = None
-        return progressed
+        return decisions
 
-    def fork(self, parent: Sequence, child: Sequence, at: int | None = None) -> None:
-        """``child`` shares every block of ``parent`` and runs (at index ``at`` of the running list, or last)."""
-        self.sharing().fork(parent, child)
-        child.status = Status.RUNNING
-        self.running.insert(len(self.running) if at is None else at, child)
+    def postprocess(self, batch: SchedulerOutput, sampled: ModelRunnerOutput) -> list[Sequence]:
+        """:meth:`commit` then :meth:`update_from_output`; returns the sequences that sampled."""
+        self.commit(batch, sampled)
+        self.update_from_output(batch, sampled)
+        return [seq for _, seq in batch.samples]
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        seq.status = Status.FINISHED
-        seq.finish_reason = reason
+    def apply(self, group: RequestGroup, decisions: list[Decision]) -> list[Decision]:
+        """Carry out ``group``'s decisions, in order (:mod:`~minipaged.engine.decisions`)."""
+        for d in decisions:
+            if isinstance(d, Append):
+                d.seq.token_ids.append(d.token)
+                if d.entry is not None and d.seq.logprobs is not None:
+                    d.seq.logprobs.extend([d.entry])
+                if d.cum_logprob is not None:
+                    d.seq.cum_logprob = d.cum_logprob
+            elif isinstance(d, Fork):
+                self.kv.fork(d.parent, d.child)
+                d.child.num_computed_tokens = d.parent.num_computed_tokens
+                d.child.num_cached_tokens = d.parent.num_cached_tokens
+                d.child.status = Status.RUNNING
+                self.groups[d.child.seq_id] = group
+                at = self.running.index(d.parent) + 1 if d.beside else len(self.running)
+                self.running.insert(at, d.child)
+            else:
+                self._finish(d)
+        return decisions
+
+    def _finish(self, d: Finish) -> None:
+        seq = d.seq
+        seq.status, seq.finish_reason = Status.FINISHED, d.reason
+        seq.stop_reason = d.stop_reason
+        if d.text_len is not None:
+            seq.text_len = d.text_len
         self.running.remove(seq)
         self.kv.free(seq)
+        del self.groups[seq.seq_id]
 
     # -- when a step fails, or a request is dropped ----------------------------------------
     def rollback(self) -> list[int]:
@@ -321,11 +351,10 @@ class Scheduler:
         self.num_prefix_hit_tokens -= sum(s.num_cached_tokens or 0 for s in tx.first_admitted)
         tx.rollback()
         for _, hit in tx.held.values():  # hits a policy took and never placed
-            if self.paged:
-                self.paged.release(hit)
+            self.kv.release(hit)
         touched: list[list[Sequence]] = []
         for s in tx.batch.seqs + tx.batch.swapped_out:
-            unit = s.group.unit(s)
+            unit = self.group_of(s).unit(s)
             if unit not in touched:
                 touched.append(unit)
         for unit in reversed(touched):  # oldest ends up first in the queue
@@ -353,6 +382,7 @@ class Scheduler:
             self.kv.free(seq)
             seq.status = Status.FINISHED
             seq.finish_reason = "abort"
+            self.groups.pop(seq.seq_id, None)
 
     def stats(self) -> dict:
         return dict(

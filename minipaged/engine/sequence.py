@@ -2,27 +2,23 @@
 
 A request becomes one or more sequences, held by its request group
 (:mod:`~minipaged.engine.request_group`): ``n`` samples, or the live beams of a beam search.
-Who writes what: the scheduler writes a sequence's ``status`` and its token counters; its group
-appends its tokens (and a beam's ``cum_logprob``; a sample that asked for ``logprobs``, each
-token's entry and their sum); the KV manager writes its ``block_table`` and ``block_hashes``; the
-stop rules (:class:`~minipaged.engine.request_group.StopChecker`) its ``stop_reason`` and
-``text_len``.
+Who writes what: the scheduler writes a sequence's ``status``, its token counters, and what its
+group decided (:mod:`~minipaged.engine.decisions`: the tokens appended, a beam's or a scored
+sample's ``cum_logprob`` and logprob entries, a finish with its ``stop_reason`` and
+``text_len``); the KV manager writes its ``block_table`` and ``block_hashes``.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from minipaged.engine.logprobs import LogprobsRecord, TokenLogprobs
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.kv.block_table import BlockTable
-
-if TYPE_CHECKING:
-    from minipaged.engine.request_group import RequestGroup
 
 
 class Status(enum.Enum):
@@ -74,7 +70,9 @@ class Sequence:
         asks = isinstance(params, SamplingParams) and params.logprobs is not None
         self.logprobs: LogprobsRecord[TokenLogprobs] | None = LogprobsRecord() if asks else None
         self.generator = generator  # a seeded sample's own random stream
-        self.group: RequestGroup  # set by the request group that holds this sequence
+        # The request group holding it, set by that group (for a reader's convenience: the engine
+        # finds a sequence's group by its request id, so this module needs no group type).
+        self.group: Any = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from minipaged.engine.batch import ScheduledBatch
+from minipaged.engine.prefix_hit import PrefixHit
+from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.engine.sequence import Sequence
 from minipaged.kv.block_pool import KVCacheBlock
 from minipaged.kv.prefix_cache import CachedEntry, PrefixCache, PrefixIndex
@@ -48,20 +49,11 @@ class StagedBlock:
     parent: KVCacheBlock | None
 
 
-@dataclass
-class PrefixHit:
-    """A waiting sequence's cached prefix, found without changing anything: ``block_hashes`` of its
-    full blocks, and ``blocks``, the cached (or staged) blocks of its longest cached prefix."""
-
-    block_hashes: list[int] = field(default_factory=list)
-    blocks: list[KVCacheBlock] = field(default_factory=list)
-
-
 class StepTransaction:
     """What one step changed (the module docstring); ``prefix_cache``: where staged blocks go."""
 
     def __init__(self, block_size: int, prefix_cache: PrefixCache | None = None) -> None:
-        self.batch = ScheduledBatch(block_size=block_size)
+        self.batch = SchedulerOutput(block_size=block_size)
         self.prefix_cache = prefix_cache
         self.staged: list[StagedBlock] = []  # in the order they fill
         self._staged_blocks: dict[int, KVCacheBlock] = {}  # block_hash -> block, as PrefixCache.blocks
@@ -71,11 +63,20 @@ class StepTransaction:
         self.first_admitted: list[Sequence] = []
         self.failed_request_ids: list[int] = []
 
-    def add(self, seq: Sequence, num_tokens: int, block_table: Seq[int]) -> None:
+    def add(
+        self,
+        seq: Sequence,
+        num_tokens: int,
+        block_table: Seq[int],
+        samplers: Seq[Sequence] = (),
+        num_candidates: int = 0,
+        scored: tuple[range, int] | None = None,
+    ) -> None:
         """A row of the batch for ``seq``'s ``num_tokens`` new tokens, starting at its computed
-        ones. If the row reaches ``seq``'s last token, its group's samplers draw from its logits;
-        their random state is kept, to give the draw back on rollback. If it computes prompt
-        tokens whose logprobs its request asked for, the row scores them too."""
+        ones. If the row reaches ``seq``'s last token, ``samplers`` (its request group says who)
+        draw from its logits (``num_candidates`` > 0: a beam's top candidates instead); their
+        random state is kept, to give the draw back on rollback. ``scored``: the prompt tokens
+        (positions, alternatives) whose logprobs the row scores, if its request asked."""
         b = self.batch
         row = len(b.seqs)
         b.seqs.append(seq)
@@ -83,12 +84,12 @@ class StepTransaction:
         b.starts.append(seq.num_computed_tokens)
         b.block_tables.append(block_table)
         b.decode.append(seq.is_decode(num_tokens))
-        scored = seq.group.scored_prompt(seq, num_tokens)
         if scored is not None:
             b.prompt_logprobs.append((row, *scored))
         if seq.num_computed_tokens + num_tokens == len(seq):
-            for s in seq.group.samplers(seq):
+            for s in samplers:
                 b.samples.append((row, s))
+                b.candidates.append(num_candidates)
                 if s.generator is not None:
                     self.rng_states.append((s.generator, s.generator.get_state()))
 

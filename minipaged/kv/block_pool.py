@@ -10,7 +10,7 @@ block out of the middle in O(1) when a new request hits it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -100,13 +100,14 @@ class KVBlockPool(Protocol):
     """What the engine asks of a block pool (:class:`BlockPool` is the package's; the engine takes
     another through ``EnginePlugins.block_pool``, see :mod:`minipaged.engine.plugins`).
 
-    ``blocks[i]`` is block ``i`` (its ``ref_cnt`` and ``block_hash`` are read); ``on_evict`` is set
-    by the prefix cache and must be called, then the hash cleared, when ``allocate`` hands out a
-    free block that still carries a ``block_hash``.
+    ``blocks[i]`` is block ``i`` (its ``ref_cnt`` and ``block_hash`` are read). When ``allocate``
+    hands out a free block that still carries a ``block_hash``, the pool clears the hash and
+    records ``(block, hash)`` in ``evicted``: the prefix cache reads that record (the pool calls
+    nobody).
     """
 
     num_blocks: int
-    on_evict: Callable[[KVCacheBlock], None] | None
+    evicted: list[tuple[KVCacheBlock, int]]
 
     @property
     def blocks(self) -> Sequence[KVCacheBlock]: ...
@@ -131,18 +132,20 @@ def fork_blocks(pool: KVBlockPool, block_ids: list[int]) -> list[int]:
 class BlockPool:
     """``num_blocks`` physical blocks, handed out and taken back by reference count.
 
-    ``on_evict`` is the stage 6 seam: when allocation reuses a free block that still carries a
-    ``block_hash`` (a cached prefix nobody uses), the pool calls ``on_evict(block)`` so the prefix
-    cache can forget the hash, then clears it. This stage never sets a hash itself.
+    ``evicted`` is the stage 6 seam: when allocation reuses a free block that still carries a
+    ``block_hash`` (a cached prefix nobody uses), the pool clears the hash and records the
+    eviction there, ``(block, the hash it held)``, in order. The prefix cache reads the record
+    before it answers anything (:class:`~minipaged.kv.prefix_cache.PrefixCache`): the pool owns
+    eviction and calls nothing above it. This stage never sets a hash itself.
     """
 
-    def __init__(self, num_blocks: int, on_evict: Callable[[KVCacheBlock], None] | None = None) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        self.on_evict = on_evict
+        self.evicted: list[tuple[KVCacheBlock, int]] = []  # (block, the hash it held), for stage 6 to read
 
     @property
     def num_free_blocks(self) -> int:
@@ -166,8 +169,7 @@ class BlockPool:
         blocks = [self.free_queue.popleft() for _ in range(n)]
         for block in blocks:
             if block.block_hash is not None:  # stage 6: a reused block's cached content is gone
-                if self.on_evict is not None:
-                    self.on_evict(block)  # tell the prefix cache
+                self.evicted.append((block, block.block_hash))  # recorded, for the prefix cache to read
                 block.block_hash = None
             block.ref_cnt = 1
         return blocks

@@ -6,7 +6,8 @@ to and including that block. Hashes are blake2b digests, stable across processes
 
 A freed block whose ``ref_cnt`` drops to 0 keeps its hash and waits in the pool's LRU free
 queue: a later request can revive it (a hit) until allocation takes it for new tokens and drops
-the hash (an eviction).
+the hash (an eviction, which the pool records in ``pool.evicted`` and the cache reads: nothing
+points up from the pool).
 
 A hash collision costs a miss, never wrong K/V: each cached block also keeps its own token ids
 and a link to the entry of the block before it in the sequence that computed it. A hit must
@@ -120,37 +121,73 @@ class PrefixIndex:
 
 
 class PrefixCache(PrefixIndex):
-    """The map ``block_hash -> block`` over a :class:`BlockPool`, and an eviction counter."""
+    """The map ``block_hash -> block`` over a :class:`BlockPool`, and an eviction counter.
+
+    The pool owns eviction: when it hands a cached free block out again it clears the block's
+    hash and records ``(block, hash)`` in ``pool.evicted``. The cache reads that record before it
+    answers anything (:meth:`sync`), so it never holds a block the pool gave away, and the pool
+    never calls up into the cache.
+    """
 
     def __init__(self, pool: KVBlockPool) -> None:
         self.pool = pool
-        pool.on_evict = self.evict
-        self.blocks: dict[int, KVCacheBlock] = {}  # block_hash -> the copy a lookup hands out
-        self.entries: dict[int, CachedEntry] = {}  # block_id -> what the cached block holds
-        self.copies: dict[int, list[KVCacheBlock]] = {}  # block_hash -> further copies, in order
-        self.num_evictions = 0
+        self._blocks: dict[int, KVCacheBlock] = {}  # block_hash -> the copy a lookup hands out
+        self._entries: dict[int, CachedEntry] = {}  # block_id -> what the cached block holds
+        self._copies: dict[int, list[KVCacheBlock]] = {}  # block_hash -> further copies, in order
+        self._num_evictions = 0
+
+    def sync(self) -> None:
+        """Forget what the pool evicted since the last read (its ``evicted`` record, consumed)."""
+        evicted = self.pool.evicted
+        for block, block_hash in evicted:
+            self._remove(block, block_hash)
+            self._num_evictions += 1
+        evicted.clear()
+
+    @property
+    def blocks(self) -> dict[int, KVCacheBlock]:  # type: ignore[override]  # read-only: the cache writes _blocks
+        self.sync()
+        return self._blocks
+
+    @property
+    def entries(self) -> dict[int, CachedEntry]:  # type: ignore[override]  # read-only: the cache writes _entries
+        self.sync()
+        return self._entries
+
+    @property
+    def copies(self) -> dict[int, list[KVCacheBlock]]:
+        self.sync()
+        return self._copies
+
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks the pool handed out again for other content."""
+        self.sync()
+        return self._num_evictions
 
     def evict(self, block: KVCacheBlock) -> None:
-        """The pool reuses cached free ``block`` for something else: its prefix leaves the cache (``pool.on_evict``)."""
-        self._remove(block)
-        self.num_evictions += 1
-
-    def _remove(self, block: KVCacheBlock) -> None:
-        """``block`` no longer holds its cached content; a further copy, if any, takes its place."""
-        h = block.block_hash
-        self.entries.pop(block.block_id, None)
-        if h is None:
+        """Forget ``block``'s cached content now, as when the pool hands it out again (its hash is
+        left for the pool to clear)."""
+        self.sync()
+        if block.block_hash is None:
+            self._entries.pop(block.block_id, None)
             return
-        copies = self.copies.pop(h, [])
-        if self.blocks.get(h) is block:
+        self._remove(block, block.block_hash)
+        self._num_evictions += 1
+
+    def _remove(self, block: KVCacheBlock, h: int) -> None:
+        """``block`` no longer holds its cached content ``h``; a further copy, if any, takes its place."""
+        self._entries.pop(block.block_id, None)
+        copies = self._copies.pop(h, [])
+        if self._blocks.get(h) is block:
             if copies:
-                self.blocks[h] = copies.pop(0)
+                self._blocks[h] = copies.pop(0)
             else:
-                del self.blocks[h]
+                del self._blocks[h]
         elif block in copies:
             copies.remove(block)
         if copies:
-            self.copies[h] = copies
+            self._copies[h] = copies
 
     def lookup(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
         """:meth:`find`, each hit taken (``ref_cnt + 1``, revived if it was free)."""
@@ -180,11 +217,11 @@ class PrefixCache(PrefixIndex):
         if entry is None:
             return False
         block.block_hash = block_hash
-        self.entries[block.block_id] = entry
-        if block_hash in self.blocks:
-            self.copies.setdefault(block_hash, []).append(block)
+        self._entries[block.block_id] = entry
+        if block_hash in self._blocks:
+            self._copies.setdefault(block_hash, []).append(block)
         else:
-            self.blocks[block_hash] = block
+            self._blocks[block_hash] = block
         return True
 
     def reset(self) -> bool:
@@ -193,11 +230,12 @@ class PrefixCache(PrefixIndex):
         it reads. Returns True once the cache is empty."""
         if self.pool.num_used_blocks:
             return False
+        self.sync()
         for block in self.pool.blocks:
             block.block_hash = None
-        self.blocks.clear()
-        self.entries.clear()
-        self.copies.clear()
+        self._blocks.clear()
+        self._entries.clear()
+        self._copies.clear()
         return True
 
     def __len__(self) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
-from minipaged.bench.engine import run_engine
+from minipaged.paper.engine_run import run_engine
 from minipaged.paper.engines import BUDGET, MODEL, make_llm, vocab_size, warm_up
 from minipaged.paper.report import PaperResult
 from minipaged.paper.reservation import MAX_LEN, OPT13B_A100_SLOTS, saturated_shares

@@ -6,7 +6,7 @@
 - :func:`serve_at_rate` serves requests arriving as a Poisson process on a clock that advances
   by each step's measured time, and jumps over idle gaps (no sleeping): a server's latencies,
   measured, in the time the engine actually worked.
-- :class:`StepRecorder` reads ``kv_stats()`` after every engine step, whoever drives the steps
+- :class:`StepRecorder` keeps ``kv_stats()`` at every engine step's fullest, whoever drives the steps
   (``generate``, ``beam_search``), without timing code in the engine.
 """
 
@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from minipaged import LLM, SamplingParams
+from minipaged.engine.llm import LLM
+from minipaged.engine.sampling_params import SamplingParams
+from minipaged.engine.step_output import StepOutput
 from minipaged.model.config import ModelConfig
 from minipaged.model.loader import EMBEDDED_MODEL_DIR
 from minipaged.model.random_models import is_random_model, random_model_config
 from minipaged.paper.workloads import WorkItem
-
-if TYPE_CHECKING:
-    from minipaged.engine.batch import ScheduledBatch
 
 MODEL = "random:smollm2-135m"  # bandwidth-bound on a CPU, like a GPU's serving regime (docs/paper.md)
 BUDGET = dict(num_kvcache_blocks=64, block_size=16, max_model_len=512)
@@ -111,13 +110,15 @@ def saturated_rate(llm: LLM, requests: list[WorkItem], window: int | None = None
     mean_output = sum(n for _, n in requests) / len(requests)
     enough = mean_output * (window or len(requests))
     seconds, tokens, running, finished = 0.0, 0, [], {}
-    while llm.scheduler.waiting and tokens < enough:
+    waiting = llm.kv_stats()["num_waiting"]
+    while waiting and tokens < enough:
         start = time.perf_counter()
-        batch, progressed = llm.run_step()
+        out = llm.engine_step(outputs=False)
         seconds += time.perf_counter() - start
-        tokens += len(batch.samples)
-        running.append(len(llm.scheduler.running))
-        finished.update({s.request_id: list(s.output_token_ids) for s in progressed if s.finish_reason is not None})
+        tokens += out.num_sampled
+        running.append(out.num_running)
+        waiting = out.num_waiting
+        finished.update({r: llm.get_output(r).outputs[0].token_ids for r in out.finished})
     llm.abort_request(ids)
     return {
         "rate": tokens / seconds / mean_output,
@@ -131,20 +132,22 @@ def saturated_rate(llm: LLM, requests: list[WorkItem], window: int | None = None
 class StepRecorder:
     """``with StepRecorder(llm) as rec: llm.generate(...)``: ``rec.stats`` holds ``kv_stats()`` after each step.
 
-    It hooks into ``llm.step_hooks`` (called once per step, once the step's K/V are written) for the
-    duration of the block, so the engine carries no recording code.
+    It subscribes to the engine's steps (:meth:`LLM.subscribe`) for the duration of the block and
+    keeps each step's ``kv_stats_at_peak`` (taken once the step's K/V are written, before anything
+    is freed), so the engine carries no recording code.
     """
 
     def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self.stats: list[dict] = []
 
-    def record(self, batch: ScheduledBatch) -> None:
-        self.stats.append(self.llm.kv_stats())
+    def record(self, out: StepOutput) -> None:
+        assert out.kv_stats_at_peak is not None  # filled while an observer is subscribed
+        self.stats.append(out.kv_stats_at_peak)
 
     def __enter__(self) -> StepRecorder:
-        self.llm.step_hooks.append(self.record)
+        self.llm.subscribe(self.record)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.llm.step_hooks.remove(self.record)
+        self.llm.unsubscribe(self.record)

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from minipaged import LLM
-from minipaged.bench.engine import EngineRun, run_engine
+from minipaged.engine.llm import LLM
+from minipaged.paper.engine_run import EngineRun, run_engine
 from minipaged.paper.engines import BUDGET, MODEL, vocab_size, warm_up
 from minipaged.paper.report import PaperResult
 from minipaged.paper.serving import alpaca_requests

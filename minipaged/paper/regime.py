@@ -22,11 +22,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from minipaged import LLM
-from minipaged.bench.engine import StepCost, copy_workload, fastest_of, run_engine
+from minipaged.engine.llm import LLM
+from minipaged.paper.engine_run import fastest_of, run_engine
 from minipaged.paper.engines import BUDGET, MODEL, greedy, make_llm, vocab_size
 from minipaged.paper.report import PaperResult
 from minipaged.paper.serving import alpaca_requests
+from minipaged.paper.step_cost import StepCost
+from minipaged.paper.workloads import copy_workload
 
 EMBEDDED_BUDGET = dict(num_kvcache_blocks=256, block_size=16, max_num_seqs=64)  # bench engine (c)
 PAPER = "2-4x"  # §6.2: vLLM's throughput over the state of the art (FasterTransformer, Orca)

@@ -23,7 +23,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from minipaged import LLM, BeamSearchParams, SamplingParams
+from minipaged.engine.llm import LLM
+from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
 from minipaged.paper.engines import BUDGET, MODEL, StepRecorder, vocab_size
 from minipaged.paper.report import PaperResult
 from minipaged.paper.serving import alpaca_requests

@@ -16,11 +16,13 @@ serving benchmark samples it). Alpaca has no copy on the package index: it stays
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from minipaged.paper import sharegpt
 from minipaged.sim import TraceRequest, synthetic_trace, token_ids_for
+from minipaged.tiny import task
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -113,3 +115,12 @@ def mean_lengths(trace: list[TraceRequest]) -> dict[str, float]:
     """The trace's own mean prompt and output lengths (clipping to ``max_len`` moves them a little)."""
     n = max(len(trace), 1)
     return {"prompt": sum(r.prompt_len for r in trace) / n, "output": sum(r.output_len for r in trace) / n}
+
+
+def copy_workload(n: int, seed: int) -> list[tuple[str, int]]:
+    """``n`` copy prompts for the embedded model (preambles of 40-400 characters), 20-200 output tokens each."""
+    rng = random.Random(seed)
+    return [
+        (task.prompt_for(task.random_text(rng), task.random_preamble(rng, 40, 400)), rng.randint(20, 200))
+        for _ in range(n)
+    ]

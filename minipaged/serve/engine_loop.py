@@ -20,9 +20,10 @@ If ``step()`` raises, only the requests that step ran fail: their clients get a 
 requests are aborted (their blocks freed), and the loop goes on with the others. (A step that
 fails while running none of them would only fail again: then every request queued fails.)
 
-What a step did comes from its snapshot (:func:`minipaged.viz.snapshot.step_snapshot`, the step
-run and recorded for the projector): its ``outputs`` are what ``llm.step()`` would have returned
-(every request that got a token, with its output so far); after a failed step,
+The loop steps the engine itself (:meth:`LLM.engine_step`) and draws from what the step handed
+back: its ``outputs`` are what ``llm.step()`` returns (every request that got a token, with its
+output so far), and its snapshot for the projector is built from that record and the pool
+summary (:func:`minipaged.viz.snapshot.take_snapshot`); after a failed step,
 ``llm.failed_request_ids`` names the requests it ran.
 """
 
@@ -41,7 +42,7 @@ from minipaged.engine.outputs import RequestOutput
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.serve.live import LiveState
 from minipaged.serve.protocol import APIError
-from minipaged.viz.snapshot import step_snapshot
+from minipaged.viz.snapshot import take_snapshot
 
 log = logging.getLogger("minipaged.serve")
 
@@ -165,7 +166,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
-            snap = step_snapshot(self.llm)
+            out = self.llm.engine_step()
         except Exception as e:  # one bad step fails its own requests, never the server
             log.exception("engine step %d failed", self.num_steps)
             self.live.totals["failed_steps"] += 1
@@ -181,24 +182,24 @@ class EngineLoop:
         self.num_steps += 1
         now = time.monotonic()
         new_tokens = 0
-        for out in snap.outputs:
-            sub = self._requests.get(out.request_id)
+        for request in out.outputs:
+            sub = self._requests.get(request.request_id)
             if sub is None:
                 continue
-            count = sum(len(c.token_ids) for c in out.outputs)
+            count = sum(len(c.token_ids) for c in request.outputs)
             new_tokens += count - sub.num_tokens
             if count and sub.first_token is None:
                 sub.first_token = now
                 self._labelled_started = self._labelled_started or bool(sub.label)
                 self.live.first_token(now - sub.arrival)
             sub.num_tokens = count
-            if out.finished:
+            if request.finished:
                 sub.done = True
-                del self._requests[out.request_id]
+                del self._requests[request.request_id]
                 self.live.totals["requests_finished"] += 1
-            self._outbox.append((sub, out))
-        self.num_running_requests = len({s.request_id for s in self.llm.scheduler.running})
-        self.live.observe(snap, new_tokens, now)
+            self._outbox.append((sub, request))
+        self.num_running_requests = out.num_running_requests
+        self.live.observe(take_snapshot(out, self.llm.pool_summary()), new_tokens, now)
 
     def _fail(self, sub: Submission, error: APIError) -> None:
         sub.done = True

@@ -1,9 +1,11 @@
 """The live figures and projector frames, kept up to date by the engine thread.
 
-After every step the engine loop calls :meth:`LiveState.observe` (cheap: the step's events are
-added up, the tokens counted); every ``FRAME_INTERVAL`` seconds, and whenever the engine goes
-idle, :meth:`LiveState.publish` builds a projector frame and the figures ``/metrics`` reports.
-Both run on the engine thread, the only one allowed to read the engine. The event loop only
+After every step the engine loop calls :meth:`LiveState.observe` with the step's snapshot (built
+from what the step handed back and the pool summary; cheap: the step's events are added up, the
+tokens counted); every ``FRAME_INTERVAL`` seconds, and whenever the engine goes idle,
+:meth:`LiveState.publish` builds a projector frame and the figures ``/metrics`` reports from the
+engine's public figures (:meth:`LLM.pool_summary`, which carries ``kv_stats()``). Both run on
+the engine thread, the only one allowed to read the engine. The event loop only
 reads what was published: ``frames`` (the last few, numbered, as JSON text) and ``stats``; each is
 replaced whole, never changed in place, so reading them from another thread is safe.
 """
@@ -16,8 +18,9 @@ import statistics
 from collections import Counter, deque
 
 from minipaged.engine.llm import LLM
+from minipaged.engine.pool_summary import PoolSummary
 from minipaged.serve import projector
-from minipaged.viz.snapshot import StepSnapshot, read_pool
+from minipaged.viz.snapshot import StepSnapshot
 
 FRAME_INTERVAL = 0.2  # seconds between frames while the engine runs: 5 a second
 RATE_WINDOW = 5.0  # seconds of history behind tokens/s and steps/s
@@ -86,9 +89,10 @@ class LiveState:
         if not force and now - self.last_publish < FRAME_INTERVAL:
             return
         self.last_publish = now
-        kv = llm.kv_stats()
-        seqs = {s.seq_id: (s.request_id, s.sample_index) for s in [*llm.scheduler.running, *llm.scheduler.waiting]}
-        running = {r for r, _ in (seqs[s.seq_id] for s in llm.scheduler.running)}
+        pool = llm.pool_summary()
+        kv = pool.stats
+        seqs = {s.seq_id: (s.request_id, s.sample_index) for s in [*pool.running, *pool.waiting]}
+        running = {s.request_id for s in pool.running}
         self.stats = {
             **self.totals,
             **kv,
@@ -108,26 +112,25 @@ class LiveState:
             "slots_allocated": kv["slots_allocated"],
             "layout": self.layout,
         }
-        snap = self._now(llm)
+        snap = self._now(pool)
         self.frame_no += 1
         picture = projector.frame(snap, seqs, self.labels, self.events, figures, self.num_blocks, self.block_size)
         picture["frame"] = self.frame_no
         self.frames = (*self.frames[-FRAMES_KEPT + 1 :], (self.frame_no, json.dumps(picture)))
         self.events = projector.no_events()
 
-    def _now(self, llm: LLM) -> StepSnapshot:
-        """The last step's snapshot brought up to date: requests aborted since are gone, and the
-        pool's ``ref_cnt`` and cached flags are read now (paged only)."""
+    def _now(self, pool: PoolSummary) -> StepSnapshot:
+        """The last step's snapshot brought up to date by ``pool``, read now: requests aborted
+        since are gone, and the pool's ``ref_cnt`` and cached flags are today's (paged only)."""
         base = self.prev or StepSnapshot(
             step=0, scheduled=[], preempted=[], finished=[], waiting=[], running=[], block_tables={}, num_tokens={}
         )
-        running = [s.seq_id for s in llm.scheduler.running]
-        ref_cnt, cached, _ = read_pool(llm) or ([], [], 0)
+        running = [s.seq_id for s in pool.running]
         return dataclasses.replace(
             base,
             running=running,
-            waiting=[s.seq_id for s in llm.scheduler.waiting],
+            waiting=[s.seq_id for s in pool.waiting],
             block_tables={s: base.block_tables[s] for s in running if s in base.block_tables},
-            ref_cnt=ref_cnt,
-            cached=cached,
+            ref_cnt=pool.ref_cnt,
+            cached=pool.cached,
         )

@@ -65,7 +65,8 @@ def evaluate(num_cases: int = 200, seed: int = 1234, llm: LLM | None = None, **l
     ``llm_kwargs`` configure the engine (e.g. a small ``num_kvcache_blocks`` to force
     preemptions); returns (accuracy, number of cases).
     """
-    from minipaged import LLM, SamplingParams
+    from minipaged.engine.llm import LLM
+    from minipaged.engine.sampling_params import SamplingParams
 
     llm = llm or LLM(**llm_kwargs)
     cases = held_out_cases(num_cases, seed)

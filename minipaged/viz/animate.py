@@ -220,7 +220,8 @@ def run_scenario(which: str, max_steps: int = 200, max_tokens: int = 32) -> Movi
     Requests are added before the step their arrival names (idle stretches are skipped); every
     snapshot is kept, then turned into a :class:`Movie` by :func:`build_frames`.
     """
-    from minipaged import LLM, SamplingParams
+    from minipaged.engine.llm import LLM
+    from minipaged.engine.sampling_params import SamplingParams
     from minipaged.tiny.task import prompt_for
     from minipaged.viz.snapshot import step_snapshot
 

@@ -1,29 +1,32 @@
 """One engine step, recorded for drawing: what it scheduled, and the queues and pool it left.
 
-:meth:`LLM.step` returns only the step's :class:`RequestOutput` s, as vLLM's does. To look inside
-a step, run it with :func:`step_snapshot` instead::
+:meth:`LLM.step` returns only the step's :class:`RequestOutput` s, as vLLM's does. A drawing is
+built from what a step hands back (its :class:`~minipaged.engine.step_output.StepOutput`) and
+the pool as the engine shows it (:meth:`LLM.pool_summary`), never from the engine's insides::
 
-    snap = step_snapshot(llm)   # the same step (one llm.run_step()), and a StepSnapshot of it
+    out = llm.engine_step()                       # the step, as LLM.step runs it
+    snap = take_snapshot(out, llm.pool_summary())  # a StepSnapshot of it
+    snap = step_snapshot(llm)                     # the same two lines, for a notebook
     snap.scheduled              # [{seq_id, request_id, kind, num_tokens, num_computed_tokens}] per sequence run
     snap.block_tables           # {seq_id: [physical block ids]} of every running sequence
     snap.ref_cnt, snap.cached   # num_blocks ints / bools (paged cache only; empty lists otherwise)
     snap.outputs                # exactly what llm.step() would have returned
 
 A snapshot copies the whole pool's state (every block's ``ref_cnt``), so only the drawing side
-builds one, through the engine's public state: ``llm.scheduler.running`` / ``waiting`` /
-``swapped`` and, for a paged cache, ``llm.scheduler.paged.pool``. The pictures
-(:mod:`.scheduler`, :mod:`.prefix`, :mod:`.pool_state`), the step events (:mod:`.step_events`),
-the animations (:mod:`.animate`) and the server's projector read snapshots.
+builds one, when it draws. The pictures (:mod:`.scheduler`, :mod:`.prefix`, :mod:`.pool_state`),
+the step events (:mod:`.step_events`), the animations (:mod:`.animate`) and the server's
+projector read snapshots.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.llm import LLM
 from minipaged.engine.outputs import RequestOutput
-from minipaged.engine.sequence import Sequence
+from minipaged.engine.pool_summary import PoolSummary
+from minipaged.engine.scheduler_output import SchedulerOutput
+from minipaged.engine.step_output import StepOutput
 
 
 @dataclass
@@ -53,7 +56,7 @@ class StepSnapshot:
     swapped: list[int] = field(default_factory=list)
 
 
-def describe_batch(batch: ScheduledBatch) -> list[dict]:
+def describe_batch(batch: SchedulerOutput) -> list[dict]:
     """The ``scheduled`` entries of a snapshot."""
     return [
         dict(
@@ -67,51 +70,28 @@ def describe_batch(batch: ScheduledBatch) -> list[dict]:
     ]
 
 
-def read_pool(llm: LLM) -> tuple[list[int], list[bool], int] | None:
-    """The paged pool as it is now: every block's ``ref_cnt``, whether it is cached (has a
-    hash), and the free block count; None for a contiguous cache, which has no blocks."""
-    paged = llm.scheduler.paged
-    if paged is None:
-        return None
-    blocks = paged.pool.blocks
-    return [b.ref_cnt for b in blocks], [b.block_hash is not None for b in blocks], paged.pool.num_free_blocks
-
-
-def take_snapshot(
-    step: int,
-    batch: ScheduledBatch,
-    outputs: list[RequestOutput],
-    running: list[Sequence],
-    waiting: list[Sequence],
-    swapped: list[Sequence],
-    pool: tuple[list[int], list[bool], int] | None,
-) -> StepSnapshot:
-    """A snapshot of step ``step``, which ran ``batch`` and left these queues and ``pool``
-    (:func:`read_pool`'s triple, or None)."""
-    snap = StepSnapshot(
-        step=step,
+def take_snapshot(out: StepOutput, pool: PoolSummary) -> StepSnapshot:
+    """A snapshot of the step that handed back ``out`` and left ``pool`` (read right after it)."""
+    batch = out.scheduler_output
+    return StepSnapshot(
+        step=out.step,
         scheduled=describe_batch(batch),
         preempted=[s.seq_id for s in batch.preempted],
-        finished=[o for o in outputs if o.finished],
-        waiting=[s.seq_id for s in waiting],
-        running=[s.seq_id for s in running],
-        block_tables={s.seq_id: list(s.block_table.block_ids) for s in running},
-        num_tokens={s.seq_id: s.num_computed_tokens for s in running},
-        outputs=outputs,
-        swapped=[s.seq_id for s in swapped],
+        finished=[o for o in out.outputs if o.finished],
+        waiting=[s.seq_id for s in pool.waiting],
+        running=[s.seq_id for s in pool.running],
+        block_tables={s.seq_id: list(s.block_ids) for s in pool.running},
+        num_tokens={s.seq_id: s.num_computed_tokens for s in pool.running},
+        ref_cnt=pool.ref_cnt,
+        cached=pool.cached,
+        num_free_blocks=pool.num_free_blocks,
+        outputs=out.outputs,
+        swapped=[s.seq_id for s in pool.swapped],
     )
-    if pool is not None:
-        snap.ref_cnt, snap.cached, snap.num_free_blocks = pool
-    return snap
 
 
 def step_snapshot(llm: LLM) -> StepSnapshot:
-    """Run one step of ``llm`` (as :meth:`LLM.step` does, rollback on failure included) and
-    snapshot it. ``outputs`` are the requests that got a token, by request id; beam searches
-    report through :meth:`LLM.beam_search`, not per step."""
-    batch, progressed = llm.run_step()
-    requests = sorted({s.request_id for s in progressed if s.group.streams})
-    outputs = [llm.get_output(r) for r in requests]
-    s = llm.scheduler
-    swapped = [q for unit in s.swapped for q in unit]
-    return take_snapshot(llm.num_steps, batch, outputs, s.running, list(s.waiting), swapped, read_pool(llm))
+    """Step ``llm`` once (:meth:`LLM.engine_step`, rollback on failure included) and snapshot
+    the step from what it handed back and the pool it left. ``outputs`` are the requests that
+    got a token, by request id; beam searches report through :meth:`LLM.beam_search`, not per step."""
+    return take_snapshot(llm.engine_step(), llm.pool_summary())

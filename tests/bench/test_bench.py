@@ -170,7 +170,7 @@ def test_explain_prints_where_the_time_goes(capsys):
     ) in out
 
 
-def test_step_timer_splits_a_step_and_puts_the_engine_back():
+def test_step_timer_splits_a_step_and_patches_nothing():
     llm = LLM(max_num_seqs=4, num_kvcache_blocks=32)
     for i in range(4):
         llm.add_request(task.prompt_for(f"text {i}"), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
@@ -183,7 +183,8 @@ def test_step_timer_splits_a_step_and_puts_the_engine_back():
     assert sum(shares.values()) == pytest.approx(1.0)
     assert all(shares[p] > 0 for p in PHASES)
     assert timer.seconds["forward"] >= timer.seconds["attention"]  # attention is timed inside the forward
-    # the wrappers are gone: the engine runs its own methods again
+    assert timer.steps == 3 and llm.observers == []  # it read the steps' outputs, and unsubscribed
+    # nothing was wrapped: the engine ran its own methods all along
     assert "schedule" not in vars(llm.scheduler) and "prepare" not in vars(llm.runner)
     assert "forward" not in vars(llm.model) and "run_step" not in vars(llm) and "sample" not in vars(llm.runner)
 

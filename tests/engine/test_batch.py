@@ -1,16 +1,18 @@
-"""``ScheduledBatch.add`` through the step's transaction (``StepTransaction.add``): where each row
+"""``SchedulerOutput.add`` through the step's transaction (``StepTransaction.add``): where each row
 starts, how many tokens it brings, whether it is a decode, which rows sample (and for whom: the
 request group says), and the seeded generators' states the transaction keeps."""
 
 from __future__ import annotations
 
 import torch
+from rows import add_row
 
 from minipaged import SamplingParams
-from minipaged.engine.batch import SamplerOutput, ScheduledBatch
 from minipaged.engine.beam_search import BeamGroup
 from minipaged.engine.request_group import SampleGroup
+from minipaged.engine.runner_output import ModelRunnerOutput
 from minipaged.engine.sampling_params import BeamSearchParams
+from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.engine.sequence import Sequence
 from minipaged.engine.step_transaction import StepTransaction
 
@@ -37,8 +39,8 @@ def test_rows_keep_starts_q_lens_and_tables_in_order():
     tx = StepTransaction(BS)
     batch = tx.batch
     a, b = seq(10, computed=4), seq(5, computed=5, outputs=[7])
-    tx.add(a, 4, [3, 7])
-    tx.add(b, 1, [5, 6])
+    add_row(tx, a, 4, [3, 7])
+    add_row(tx, b, 1, [5, 6])
     assert batch.seqs == [a, b]
     assert batch.starts == [4, 5] and batch.q_lens == [4, 1]
     assert batch.block_tables == [[3, 7], [5, 6]] and batch.block_size == BS
@@ -50,10 +52,10 @@ def test_a_chunk_samples_only_when_it_reaches_the_last_token():
     tx = StepTransaction(BS)
     batch = tx.batch
     a = seq(10)
-    tx.add(a, 9, [0, 1, 2])
+    add_row(tx, a, 9, [0, 1, 2])
     assert batch.samples == [] and batch.decode == [False]
     a.num_computed_tokens = 9
-    tx.add(a, 1, [0, 1, 2])  # the prompt's last token: the first sample, but not a decode
+    add_row(tx, a, 1, [0, 1, 2])  # the prompt's last token: the first sample, but not a decode
     assert batch.samples == [(1, a)] and batch.decode == [False, False]
 
 
@@ -64,10 +66,10 @@ def test_decode_means_the_one_token_sampled_last():
     recomputed = seq(5, outputs=[7, 8])  # preempted by recompute: every token again
     last_of_recompute = seq(5, computed=6, outputs=[7, 8])
     decoding = seq(5, computed=6, outputs=[7, 8])
-    tx.add(one_token_prompt, 1, [0])
-    tx.add(recomputed, 7, [1, 2])
-    tx.add(last_of_recompute, 1, [3, 4])
-    tx.add(decoding, 1, [5, 6])
+    add_row(tx, one_token_prompt, 1, [0])
+    add_row(tx, recomputed, 7, [1, 2])
+    add_row(tx, last_of_recompute, 1, [3, 4])
+    add_row(tx, decoding, 1, [5, 6])
     assert batch.decode == [False, False, True, True]
     assert [row for row, _ in batch.samples] == [0, 1, 2, 3]
 
@@ -78,8 +80,8 @@ def test_a_finished_prompt_samples_for_its_unforked_siblings_on_the_same_row():
     other = seq(3)
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(other, 3, [0])
-    tx.add(samples[0], 6, [1, 2])
+    add_row(tx, other, 3, [0])
+    add_row(tx, samples[0], 6, [1, 2])
     assert batch.samples == [(0, other), (1, samples[0]), (1, samples[1]), (1, samples[2])]
     assert batch.seqs == [other, samples[0]] and batch.q_lens == [3, 6]  # the forks take no row
 
@@ -89,7 +91,7 @@ def test_unforked_siblings_wait_while_the_prompt_is_chunked():
     samples = family([1, 2, 3, 4, 5, 6], params)
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(samples[0], 4, [0])
+    add_row(tx, samples[0], 4, [0])
     assert batch.samples == [] and tx.rng_states == []
 
 
@@ -98,8 +100,8 @@ def test_samples_that_do_not_fork_sample_alone():
     samples = family([1, 2, 3], params, can_fork=False)  # e.g. a contiguous cache
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(samples[0], 3, [0])
-    tx.add(samples[1], 3, [1])
+    add_row(tx, samples[0], 3, [0])
+    add_row(tx, samples[1], 3, [1])
     assert batch.samples == [(0, samples[0]), (1, samples[1])]
 
 
@@ -109,8 +111,8 @@ def test_seeded_generators_states_are_kept_for_each_sample():
     samples[1].generator.manual_seed(99)  # states differ from the parent's
     tx = StepTransaction(BS)
     unseeded = seq(2, params=SamplingParams(max_tokens=4))
-    tx.add(unseeded, 2, [0])
-    tx.add(samples[0], 5, [1, 2])
+    add_row(tx, unseeded, 2, [0])
+    add_row(tx, samples[0], 5, [1, 2])
     assert [g for g, _ in tx.rng_states] == [s.generator for s in samples]
     first = [torch.rand(1, generator=s.generator).item() for s in samples]  # the step draws ...
     for g, state in tx.rng_states:  # ... fails, and gives the draws back
@@ -123,15 +125,15 @@ def test_unseeded_and_beam_rows_keep_no_generator_state():
     tx = StepTransaction(BS)
     batch = tx.batch
     beam = seq(4, params=BeamSearchParams(beam_width=2, max_tokens=4))
-    tx.add(seq(3, params=SamplingParams(temperature=0.8)), 3, [0])
-    tx.add(beam, 4, [1])
+    add_row(tx, seq(3, params=SamplingParams(temperature=0.8)), 3, [0])
+    add_row(tx, beam, 4, [1])
     assert tx.rng_states == [] and [row for row, _ in batch.samples] == [0, 1]
 
 
 def test_a_new_batch_and_output_start_empty():
-    tx, out = StepTransaction(BS), SamplerOutput()
+    tx, out = StepTransaction(BS), ModelRunnerOutput()
     batch = tx.batch
     assert (batch.seqs, batch.samples, batch.blocks_to_copy, tx.rng_states) == ([], [], [], [])
     assert (out.token_ids, out.candidates) == ([], {})
-    tx.add(seq(2), 2, [0])
-    assert ScheduledBatch().seqs == []  # no list shared between batches
+    add_row(tx, seq(2), 2, [0])
+    assert SchedulerOutput().seqs == []  # no list shared between batches

@@ -40,7 +40,7 @@ def step(
     transaction of the caller's, is given); ``sampled`` is appended if given. Returns the copies owed."""
     own = tx is None
     tx = tx or transaction(kv)
-    kv.allocate(s, n, tx)
+    kv.allocate_slots(s, n, tx)
     s.num_computed_tokens += n
     if own:
         tx.commit()
@@ -52,7 +52,7 @@ def step(
 def admit(kv: PagedKVManager, s: Sequence, tx: StepTransaction | None = None) -> int:
     """Admit waiting ``s`` with its prefix hit, as the scheduler does; returns the tokens hit."""
     tx = tx or transaction(kv)
-    hit = kv.prefix_hit(s, tx)
+    hit = kv.get_computed_blocks(s, tx)
     kv.hold(hit)
     s.num_computed_tokens = kv.attach(s, hit)
     return s.num_computed_tokens
@@ -116,7 +116,7 @@ def test_allocate_raises_and_leaves_the_table_when_the_pool_is_short():
     kv = manager(num_blocks=2)
     a = seq(range(12))
     with pytest.raises(NoFreeBlocksError):
-        kv.allocate(a, 12, transaction(kv))
+        kv.allocate_slots(a, 12, transaction(kv))
     assert a.block_table.block_ids == [] and a.block_table.num_tokens == 0 and kv.pool.num_free_blocks == 2
 
 
@@ -163,7 +163,7 @@ def test_a_lone_writer_of_a_block_shared_with_others_copies():
     # child alone writes into block 1 that the parent keeps: one copy, and the pool has none free
     assert not kv.can_schedule([child], [1])
     with pytest.raises(NoFreeBlocksError):
-        kv.allocate(child, 1, transaction(kv))
+        kv.allocate_slots(child, 1, transaction(kv))
     assert child.block_table.block_ids == [0, 1] and refs(kv) == [2, 2] and kv.num_cow_copies == 0
 
 
@@ -216,7 +216,7 @@ def test_finding_a_hit_changes_nothing_until_it_is_held():
     written(kv, range(1, 10))
     b = seq([*range(1, 9), 20, 21])
     free = kv.pool.num_free_blocks
-    hit = kv.prefix_hit(b, transaction(kv))
+    hit = kv.get_computed_blocks(b, transaction(kv))
     assert [x.block_id for x in hit.blocks] == [0, 1] and hit.block_hashes == chain_hashes(b.token_ids, BS)
     assert (b.block_table.block_ids, b.block_hashes, b.num_computed_tokens) == ([], [], 0)
     assert kv.pool.num_free_blocks == free and refs(kv)[:2] == [0, 0]
@@ -230,7 +230,7 @@ def test_can_admit_counts_the_hits_it_revives():
     kv = manager(num_blocks=3, caching=True)
     written(kv, range(1, 10))  # 3 free blocks, 0 and 1 cached
     b = seq([*range(1, 9), 20, 21, 22, 23, 24])  # 8 hit + 5 new tokens: 2 new blocks
-    hit = kv.prefix_hit(b, transaction(kv))
+    hit = kv.get_computed_blocks(b, transaction(kv))
     assert not kv.can_admit([b], [hit], [5])  # 2 revived + 2 grown > 3 free
     assert kv.can_admit([b], [hit], [4])  # 2 revived + 1 grown
     assert kv.can_admit([b, b], [hit, hit], [4, 0])  # the same hits revive once
@@ -460,40 +460,24 @@ def test_block_ids_are_the_blocks_of_the_first_tokens_and_a_copy():
     assert len(s.block_table.block_ids) == 4 and ids == table[:3] and len(ids) == 3
 
 
-def test_the_step_interface_is_what_both_layouts_offer_and_nothing_more():
-    """The scheduler's view of memory: the step's calls (KVManager) and the figures (KVReport);
-    sharing, prefix hits and swapping are the paged manager's alone."""
+def test_one_door_both_layouts_answer_every_verb():
+    """The scheduler's one door to memory (KVCacheManager): both layouts answer every verb, so the
+    scheduler never asks which one it has. The contiguous layout answers the paged extras as a
+    layout that shares nothing: no computed blocks, no room to swap, no fork."""
     from typing_extensions import get_protocol_members
 
     from minipaged.engine.contiguous_manager import ContiguousKVManager
-    from minipaged.engine.kv_manager import KVManager, KVReport
+    from minipaged.engine.kv_cache_manager import KVCacheManager
+    from minipaged.engine.prefix_hit import PrefixHit
 
-    step_calls = get_protocol_members(KVManager)
-    figures = get_protocol_members(KVReport)
-    assert step_calls == {
-        "can_fork",
-        "table_block_size",
-        "refuse",
-        "can_schedule",
-        "allocate",
-        "block_ids",
-        "free",
-        "mark_written",
-    }
-    assert figures == {"peak_slots_allocated", "tokens_held", "slots_allocated", "stats"}
+    verbs = get_protocol_members(KVCacheManager)
+    assert {"get_computed_blocks", "allocate_slots", "free", "fork", "swap_out", "swap_in"} <= verbs
     contiguous = ContiguousKVManager(64, BS, 32)
-    for name in step_calls | figures:
+    for name in verbs:
         assert hasattr(contiguous, name) and hasattr(manager(), name), name
-    for name in (
-        "prefix_hit",
-        "can_admit",
-        "hold",
-        "attach",
-        "release",
-        "fork",
-        "can_swap_out",
-        "swap_out",
-        "can_swap_in",
-        "swap_in",
-    ):
-        assert not hasattr(contiguous, name) and hasattr(manager(), name), name
+    s = seq(range(1, 10))
+    assert contiguous.get_computed_blocks(s, transaction(contiguous)) == PrefixHit()
+    assert not contiguous.can_swap_out([s]) and not contiguous.can_swap_in([s], [1])
+    assert contiguous.attach(s, PrefixHit()) == 0 and contiguous.prefix_cache is None
+    with pytest.raises(RuntimeError, match="paged"):
+        contiguous.fork(s, seq(range(1, 10)))

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rows import add_row
 
 from minipaged import LLM, SamplingParams
 from minipaged.attention.reference import gather_kv, varlen_attention
-from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.beam_search import BeamGroup
 from minipaged.engine.kv_manager import PagedKVManager
 from minipaged.engine.model_runner import ModelRunner, sample, top_logprobs
 from minipaged.engine.request_group import SampleGroup
 from minipaged.engine.sampling_params import BeamSearchParams
+from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.engine.sequence import Sequence
 from minipaged.engine.step_transaction import StepTransaction
 
@@ -57,8 +58,8 @@ def compute(runner, kv, rows, copies=()):
     batch = tx.batch
     batch.blocks_to_copy += list(copies)
     for s, n in rows:
-        kv.allocate(s, n, tx)
-        tx.add(s, n, kv.block_ids(s, s.num_computed_tokens + n))
+        kv.allocate_slots(s, n, tx)
+        add_row(tx, s, n, kv.block_ids(s, s.num_computed_tokens + n))
     out = runner.run(batch)
     for s, n in rows:
         s.num_computed_tokens += n
@@ -104,8 +105,8 @@ def test_prepare_packs_a_chunk_from_mid_prompt_and_a_decode_row(runner):
     decoding.num_computed_tokens = 5
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(chunked, 4, [3, 7])
-    tx.add(decoding, 1, [5, 6])
+    add_row(tx, chunked, 4, [3, 7])
+    add_row(tx, decoding, 1, [5, 6])
     input_ids, positions, logits_indices = runner.prepare(batch)
     assert input_ids.tolist() == [14, 15, 16, 17, 35]
     assert positions.tolist() == [4, 5, 6, 7, 5]
@@ -123,8 +124,8 @@ def test_prepare_pads_ragged_block_tables(runner):
     a, b = seq(range(1, 10)), seq([1, 2])
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(a, 9, [4, 2, 9])
-    tx.add(b, 2, [11])
+    add_row(tx, a, 9, [4, 2, 9])
+    add_row(tx, b, 2, [11])
     input_ids, positions, logits_indices = runner.prepare(batch)
     assert input_ids.tolist() == [*range(1, 10), 1, 2]
     assert positions.tolist() == [*range(9), 0, 1]
@@ -142,8 +143,8 @@ def test_a_prompt_in_chunks_and_a_decode_row_give_the_no_cache_logits(llm, runne
     tx = StepTransaction(BS)
     batch = tx.batch
     for s, n in ((a, len(a) - 5), (b, 1)):
-        kv.allocate(s, n, tx)
-        tx.add(s, n, kv.block_ids(s, s.num_computed_tokens + n))
+        kv.allocate_slots(s, n, tx)
+        add_row(tx, s, n, kv.block_ids(s, s.num_computed_tokens + n))
     assert batch.decode == [False, True] and batch.starts == [5, len(b) - 1]
     logits = runner.forward(batch)
     for row, s in enumerate((a, b)):
@@ -164,7 +165,7 @@ def fill(runner):
 
 def test_run_makes_the_copy_on_write_copies(runner):
     k, v, hk, hv = fill(runner)
-    batch = ScheduledBatch(block_size=BS, blocks_to_copy=[(1, 9), (4, 3)])
+    batch = SchedulerOutput(block_size=BS, blocks_to_copy=[(1, 9), (4, 3)])
     out = runner.run(batch)
     assert out.token_ids == [] and out.candidates == {}  # nothing to forward
     want_k, want_v = k.clone(), v.clone()
@@ -177,7 +178,7 @@ def test_run_makes_the_copy_on_write_copies(runner):
 def test_run_swaps_out_before_it_swaps_in(runner):
     k, v, hk, hv = fill(runner)
     # device block 2 goes to host block 0 while host block 1 comes back into device block 2
-    batch = ScheduledBatch(block_size=BS, blocks_to_swap_out=[(2, 0), (5, 3)], blocks_to_swap_in=[(1, 2)])
+    batch = SchedulerOutput(block_size=BS, blocks_to_swap_out=[(2, 0), (5, 3)], blocks_to_swap_in=[(1, 2)])
     runner.run(batch)
     want_hk, want_hv = hk.clone(), hv.clone()
     want_hk[:, 0], want_hv[:, 0] = k[:, 2], v[:, 2]
@@ -191,7 +192,7 @@ def test_run_swaps_out_before_it_swaps_in(runner):
 def test_swapping_without_a_host_pool_is_refused(llm):
     bare = ModelRunner(llm.model, llm.runner.kv_cache, llm.runner.attn, None)
     with pytest.raises(AssertionError, match="swapping needs the host pool of preemption_mode='swap'"):
-        bare.run(ScheduledBatch(block_size=BS, blocks_to_swap_in=[(0, 1)]))
+        bare.run(SchedulerOutput(block_size=BS, blocks_to_swap_in=[(0, 1)]))
 
 
 def test_a_copy_on_write_copy_is_made_before_the_forward_writes_the_new_token(llm, runner):
@@ -233,8 +234,8 @@ def test_forked_samples_draw_from_their_parents_row(runner):
     other = seq([4, 5])
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(other, 2, [0])
-    tx.add(family[0], 3, [1])
+    add_row(tx, other, 2, [0])
+    add_row(tx, family[0], 3, [1])
     assert [row for row, _ in batch.samples] == [0, 1, 1, 1]
     # what each sample's own stream draws from row 1 alone, on copies of the generators
     copies = [torch.Generator().manual_seed(0) for _ in family]
@@ -251,9 +252,9 @@ def test_only_sampling_rows_are_read(runner):
     chunk, done = seq(range(1, 10)), seq([1, 2])
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(chunk, 4, [0])  # a chunk that does not reach its last token: no sample
-    tx.add(done, 2, [2])
-    tx.add(seq([3]), 1, [3])
+    add_row(tx, chunk, 4, [0])  # a chunk that does not reach its last token: no sample
+    add_row(tx, done, 2, [2])
+    add_row(tx, seq([3]), 1, [3])
     assert runner.sample(logits, batch).token_ids == [9, 13]
 
 
@@ -263,9 +264,9 @@ def test_a_beams_row_gives_candidates(runner):
     beam = seq([1, 2, 3], params=BeamSearchParams(beam_width=2, max_tokens=4))
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(seq([7]), 1, [0])
-    tx.add(beam, 3, [1])
-    tx.add(seq([8, 9]), 2, [2])
+    add_row(tx, seq([7]), 1, [0])
+    add_row(tx, beam, 3, [1])
+    add_row(tx, seq([8, 9]), 2, [2])
     out = runner.sample(logits, batch)
     assert out.token_ids == [4, -1, logits[2].argmax().item()]  # -1 holds the beam's place
     assert list(out.candidates) == [1]
@@ -283,8 +284,8 @@ def test_a_batch_of_beams_alone_gives_only_candidates(runner):
     wide = seq([2], params=BeamSearchParams(beam_width=3, max_tokens=4))
     tx = StepTransaction(BS)
     batch = tx.batch
-    tx.add(narrow, 1, [0])
-    tx.add(wide, 1, [1])
+    add_row(tx, narrow, 1, [0])
+    add_row(tx, wide, 1, [1])
     out = runner.sample(logits, batch)
     assert out.token_ids == [-1, -1]
     assert [len(out.candidates[i]) for i in (0, 1)] == [2, 6]  # each its own 2 x beam_width

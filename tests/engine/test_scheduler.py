@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from minipaged import SamplingParams
-from minipaged.engine.batch import SamplerOutput
 from minipaged.engine.kv_manager import PagedKVManager
-from minipaged.engine.request_group import SampleGroup, StopChecker
+from minipaged.engine.request_group import SampleGroup
+from minipaged.engine.runner_output import ModelRunnerOutput
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence, Status
+from minipaged.engine.stop_checker import StopChecker
 
 BS = 4
 
@@ -28,7 +29,7 @@ def family(request_id: int, n: int, params: SamplingParams) -> list[Sequence]:
 def run(s: Scheduler, token: int = 7) -> list[Sequence]:
     """One step without a model: schedule, pretend it ran, sample ``token`` for whoever samples."""
     batch = s.schedule()
-    return s.postprocess(batch, SamplerOutput([token] * len(batch.samples)))
+    return s.postprocess(batch, ModelRunnerOutput([token] * len(batch.samples)))
 
 
 def finished(seqs: list[Sequence]) -> list[Sequence]:
@@ -59,7 +60,7 @@ def test_fork_after_prefill_shares_blocks():
     s.add(a[0].group)
     batch = s.schedule()
     assert [(row, q) for row, q in batch.samples] == [(0, a[0]), (0, a[1]), (0, a[2])] and s.running == [a[0]]
-    s.postprocess(batch, SamplerOutput([7, 8, 9]))
+    s.postprocess(batch, ModelRunnerOutput([7, 8, 9]))
     assert s.running == a and [q.output_token_ids for q in a] == [[7], [8], [9]]
     tables = [q.block_table.block_ids for q in a]
     assert tables[0] == tables[1] == tables[2]
@@ -80,7 +81,7 @@ def test_the_newest_is_preempted_when_the_pool_runs_dry():
 
 def run_tokens(s: Scheduler, tokens: list[int]) -> list[Sequence]:
     batch = s.schedule()
-    return s.postprocess(batch, SamplerOutput(tokens))
+    return s.postprocess(batch, ModelRunnerOutput(tokens))
 
 
 def test_stop_rules():

@@ -4,6 +4,7 @@ published, what a lookup sees in the middle of a step, and what a rollback gives
 from __future__ import annotations
 
 import torch
+from rows import add_row
 
 from minipaged import SamplingParams
 from minipaged.engine.request_group import SampleGroup
@@ -52,7 +53,7 @@ def test_a_rollback_publishes_nothing_and_gives_every_draw_back():
     pool, cache, tx = setup()
     group = SampleGroup(3, None, [1, 2, 3], SamplingParams(n=2, seed=9, max_tokens=2), BS)
     parent = group.seqs[0]
-    tx.add(parent, 3, [0, 1])  # the prompt's last token: both samples draw from its row
+    add_row(tx, parent, 3, [0, 1])  # the prompt's last token: both samples draw from its row
     assert tx.batch.samples == [(0, parent), (0, group.seqs[1])]
     first = [torch.rand(1, generator=s.generator).item() for s in group.seqs]
     (block,) = pool.allocate(1)

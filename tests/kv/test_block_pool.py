@@ -165,9 +165,8 @@ def test_check_invariants_catches_corruption():
         pool.check_invariants()
 
 
-def test_eviction_seam_for_prefix_caching():
-    evicted = []
-    pool = BlockPool(3, on_evict=lambda block: evicted.append((block.block_id, block.block_hash)))
+def test_eviction_is_recorded_for_prefix_caching():
+    pool = BlockPool(3)
     blocks = pool.allocate(2)
     blocks[0].block_hash = 1234  # as stage 6 would mark a full, cached block
     pool.free(blocks)  # queue: 2, 1, 0
@@ -175,9 +174,9 @@ def test_eviction_seam_for_prefix_caching():
     assert pool.blocks[1].ref_cnt == 1 and [b.block_id for b in pool.free_queue] == [2, 0]
     pool.touch(pool.blocks[1])
     assert pool.blocks[1].ref_cnt == 2
-    assert evicted == []
+    assert pool.evicted == []
     pool.allocate(2)  # takes block 2, then block 0, which still holds hash 1234
-    assert evicted == [(0, 1234)] and pool.blocks[0].block_hash is None
+    assert pool.evicted == [(pool.blocks[0], 1234)] and pool.blocks[0].block_hash is None
     pool.check_invariants()
 
 

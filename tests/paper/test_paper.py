@@ -107,7 +107,7 @@ def test_step_recorder_reads_every_step_and_leaves_the_engine_as_it_was():
         llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert len(rec.stats) == 5  # one prefill step, four decode steps
     assert [s["tokens_held"] for s in rec.stats] == [3, 4, 5, 6, 7]  # the last step's sequence finished after it
-    assert llm.step_hooks == []
+    assert llm.observers == []
 
 
 def test_serving_at_a_rate_finishes_every_request_after_it_arrives(monkeypatch):
@@ -140,7 +140,7 @@ def test_the_saturated_rate_times_only_full_steps_and_leaves_the_engine_empty(sy
     assert full["rate"] > 0 and full["tokens_per_s"] == pytest.approx(5 * full["rate"])
     most = 3 if system == "orca-max" else 12  # paged memory admits a request while its prompt's block fits
     assert 1 <= full["mean_running"] <= most and full["steps"] >= 2
-    assert not llm.has_unfinished_requests() and not llm.scheduler.waiting
+    assert not llm.has_unfinished_requests() and llm.kv_stats()["num_waiting"] == 0
     assert llm.kv_stats()["num_free_blocks"] == 12
     assert full["finished"]  # the first requests finish while later ones still wait
     short = saturated_rate(llm, requests, window=2)  # stops after 2 requests' worth of tokens (10)

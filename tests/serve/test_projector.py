@@ -52,7 +52,8 @@ def test_a_frame_shows_every_block_owner_and_queue():
     llm = LLM(num_kvcache_blocks=16, max_num_seqs=2)
     ids = [llm.add_request(task.prompt_for(t, "x" * 30), SamplingParams(temperature=0, max_tokens=8)) for t in "abc"]
     snap = step_snapshot(llm)
-    seqs = {s.seq_id: (s.request_id, s.sample_index) for s in [*llm.scheduler.running, *llm.scheduler.waiting]}
+    pool = llm.pool_summary()
+    seqs = {s.seq_id: (s.request_id, s.sample_index) for s in [*pool.running, *pool.waiting]}
     labels = {ids[0]: "ana"}
     frame = projector.frame(snap, seqs, labels, projector.no_events(), {"x": 1}, llm.num_blocks, llm.block_size)
     json.dumps(frame)  # JSON-ready
