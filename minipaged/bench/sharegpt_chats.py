@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from minipaged.bench.engine import EngineRun
 from minipaged.engine.llm import LLM
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.paper import sharegpt
+from minipaged.paper.engine_run import EngineRun
 
 MAX_PROMPT_LEN = 512  # ShareGPT tokens of a first turn: transformers pads every row to the longest
 
