@@ -159,7 +159,9 @@ def run(stage: int, module: ModuleType | None = None, root: Path | None = None) 
         try:
             module = load(stage, root)
         except Exception as exc:  # a syntax error, a missing file: every check reports it
-            where = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            where = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            if isinstance(exc, SyntaxError):
+                where += f" (line {exc.lineno} of {Path(exc.filename or '').name})"
             return [Result(stage, c.name, c.level, "fail", f"cannot import the module: {where}") for c in CHECKS[stage]]
     results = []
     for c in CHECKS[stage]:
@@ -258,7 +260,7 @@ def _stage0_reserve(m: ModuleType, mine: Any, ref: Any, seq: int, case: str) -> 
         hint = ""
         if want == "CacheFullError":
             hint = "when no hole holds max_seq_len slots, raise CacheFullError"
-        elif isinstance(got, int) and isinstance(want, int) and got > want:
+        elif got == "CacheFullError" or (isinstance(got, int) and isinstance(want, int) and got > want):
             hint = "first fit: reuse the first hole big enough, counting from slot 0 (freed buffers leave holes)"
         raise CheckFailed(case, want, got, hint)
     return want
