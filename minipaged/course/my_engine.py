@@ -210,20 +210,15 @@ def check(stage: int, root: Path | None = None) -> list[Result]:
 
 
 def summary(results_by_stage: dict[int, list[Result]]) -> str:
-    """One line per stage: core and stretch, each pass or its first failure."""
+    """One line per stage: core and stretch, each ``pass`` or ``todo`` / ``FAIL`` with the first check that is not."""
     lines = ["my_engine: your engine, stage by stage"]
     for stage, results in results_by_stage.items():
         cells = []
         for level in ("core", "stretch"):
-            rs = [r for r in results if r.level == level]
-            bad = next((r for r in rs if r.status != "pass"), None)
-            if bad is None:
-                cells.append(f"{level} pass")
-            else:
-                first = bad.message.splitlines()[0] if bad.message else ""
-                word = "todo" if bad.status == "todo" else "FAIL"
-                cells.append(f"{level} {word} {bad.name}: {first[:70]}")
-        lines.append(f"  stage {stage} {STAGES[stage][0]:20} " + " | ".join(cells))
+            bad = next((r for r in results if r.level == level and r.status != "pass"), None)
+            word = "pass" if bad is None else f"{'todo' if bad.status == 'todo' else 'FAIL'} ({bad.name})"
+            cells.append(f"{level}: {word}")
+        lines.append(f"  {stage}  {STAGES[stage][0] + '.py':24} {cells[0]:52} {cells[1]}".rstrip())
     return "\n".join(lines)
 
 

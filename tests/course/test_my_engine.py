@@ -209,8 +209,9 @@ def test_no_engine_folder_says_how_to_get_one(tmp_path):
 def test_summary_gives_each_stage_core_and_stretch():
     results = {0: my_engine.run(0, root=SOLUTIONS), 2: my_engine.run(2, root=ROOT)}
     lines = my_engine.summary(results).splitlines()
-    assert "core pass | stretch pass" in lines[1]
-    assert "core todo BlockTable: append_tokens, physical: not written yet" in lines[2], lines[2]
+    assert "core: pass" in lines[1] and "stretch: pass" in lines[1]
+    assert "core: todo (BlockTable: append_tokens, physical)" in lines[2], lines[2]
+    assert "stretch: todo (BlockTable.free)" in lines[2], lines[2]
 
 
 def test_the_command_reports_one_stage_and_its_status():
