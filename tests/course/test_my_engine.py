@@ -93,11 +93,11 @@ def test_stubs_and_solutions_have_the_same_names():
 
 
 # A typical mistake in each stage: (stage, what to break, the words the message must hold).
-def _bytes_without_k_and_v(m):
+def _bytes_without_k_and_v(m, tmp):
     m.kv_bytes_per_token = lambda layers, heads, dim, nbytes: layers * heads * dim * nbytes
 
 
-def _bump_allocator(m):
+def _bump_allocator(m, tmp):
     def reserve(self, seq_id):
         start = max((s + self.max_seq_len for s in self.starts.values()), default=0)
         if start + self.max_seq_len > self.num_slots:
@@ -108,7 +108,7 @@ def _bump_allocator(m):
     m.ContiguousCache.reserve = reserve
 
 
-def _free_head_first(m):
+def _free_head_first(m, tmp):
     def free(self, blocks):
         for block in blocks:  # not reversed
             block.ref_cnt -= 1
@@ -118,7 +118,7 @@ def _free_head_first(m):
     m.BlockPool.free = free
 
 
-def _block_per_call(m):
+def _block_per_call(m, tmp):
     def append_tokens(self, n, pool):
         new = [b.block_id for b in pool.allocate(1)]  # a block every call, full or not
         self.block_ids += new
@@ -128,12 +128,12 @@ def _block_per_call(m):
     m.BlockTable.append_tokens = append_tokens
 
 
-def _unscaled_attention(m):
+def _unscaled_attention(m, tmp):
     original = m.paged_decode_attention
     m.paged_decode_attention = lambda q, k, v, t, c, scale=None: original(q, k, v, t, c, 1.0)
 
 
-def _prefill_from_zero(m):
+def _prefill_from_zero(m, tmp):
     def attend(q, k, v, scale, first_pos):
         return real(q, k, v, scale, 0)  # every chunk as if it started the sequence
 
@@ -141,15 +141,30 @@ def _prefill_from_zero(m):
     m._attend = attend
 
 
-def _preempt_oldest(m):
-    """``running.pop(0)``: the oldest request is preempted, the one closest to finishing."""
+def _rewrite(m, old, new, folder):
+    """The module again, from a copy of its file with ``old`` replaced by ``new`` (a mistake written into it).
+
+    A file, not only compiled code: Triton reads a kernel's source from its file."""
     source = Path(m.__file__).read_text(encoding="utf-8")
-    assert source.count("victim = self.running.pop()") == 1
-    code = compile(source.replace("victim = self.running.pop()", "victim = self.running.pop(0)"), m.__file__, "exec")
-    exec(code, m.__dict__)
+    assert source.count(old) == 1, old
+    (folder / "my_engine").mkdir()
+    (folder / "my_engine" / "__init__.py").write_text("")
+    (folder / "my_engine" / Path(m.__file__).name).write_text(source.replace(old, new), encoding="utf-8")
+    stage = next(s for s, (stem, _) in my_engine.STAGES.items() if stem == Path(m.__file__).stem)
+    m.__dict__.update({k: v for k, v in vars(my_engine.load(stage, folder)).items() if not k.startswith("__")})
 
 
-def _no_cap_on_hits(m):
+def _preempt_oldest(m, tmp):
+    """``running.pop(0)``: the oldest request is preempted, the one closest to finishing."""
+    _rewrite(m, "victim = self.running.pop()", "victim = self.running.pop(0)", tmp)
+
+
+def _kernel_unscaled(m, tmp):
+    """The Triton decode kernel's scores not multiplied by the scale."""
+    _rewrite(m, "tl.sum(k * qv[None, :], axis=1) * scale", "tl.sum(k * qv[None, :], axis=1)", tmp)
+
+
+def _no_cap_on_hits(m, tmp):
     def get_computed_blocks(self, token_ids):
         hits = []
         for h in m.block_hashes(token_ids, self.block_size):  # the last token's block too
@@ -168,15 +183,16 @@ MISTAKES = [
     (2, _block_per_call, "BlockTable: append_tokens, physical", "take a block only when"),
     (3, _unscaled_attention, "paged_decode_attention", "no scale"),
     (3, _prefill_from_zero, "paged_prefill_attention", "context_len - q_len + i"),
+    (4, _kernel_unscaled, "paged_decode_kernel (Triton)", "no scale"),
     (5, _preempt_oldest, "Scheduler: admission, continuous batching, preemption", "NEWEST"),
     (6, _no_cap_on_hits, "PrefixCache: cache_full_blocks, get_computed_blocks", "last token"),
 ]
 
 
 @pytest.mark.parametrize("stage,mistake,check,words", MISTAKES, ids=[m[1].__name__.strip("_") for m in MISTAKES])
-def test_a_typical_mistake_fails_with_a_message_that_names_it(stage, mistake, check, words):
+def test_a_typical_mistake_fails_with_a_message_that_names_it(stage, mistake, check, words, tmp_path):
     module = solution(stage)
-    mistake(module)
+    mistake(module, tmp_path)
     results = {r.name: r for r in my_engine.run(stage, module=module)}
     r = results[check]
     assert r.status == "fail", r
