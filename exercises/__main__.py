@@ -1,5 +1,7 @@
-"""Check your exercises: ``python -m exercises stage3`` (one stage), ``python -m exercises`` (all);
-``python -m exercises engine`` serves the demo workload with every stage you passed in the engine.
+"""Check your work: ``python -m exercises`` (your engine, ``my_engine/``, stage by stage, then every
+exercise), ``python -m exercises my_engine 3`` (one stage of your engine, in detail),
+``python -m exercises stage3`` (one stage's exercises); ``python -m exercises engine`` serves the
+demo workload with every exercise stage you passed in the package's engine.
 
 Run from the repository root. See ``exercises/README.md``.
 """
@@ -24,6 +26,8 @@ def _stage(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["my_engine"]:
+        return my_engine_main(argv[1:])
     if argv[:1] == ["engine"]:
         engine = argparse.ArgumentParser(
             prog="python -m exercises engine",
@@ -59,12 +63,53 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"not a stage: {args.stage} (stage0 .. stage{max(harness.STAGES)}, or capstone)")
 
     if args.stage is None:
+        engine_passed = _my_engine_summary(harness.ROOT)
         reports = harness.check(dict.fromkeys(harness.STAGES))
         print(format_table(reports))
+        return 0 if engine_passed and all(r.passed for r in reports) else 1
     else:
         reports = harness.check({args.stage: args.file}, only=set(args.exercise) or None)
         print(format_stage(reports[0], args.verbose))
     return 0 if all(r.passed for r in reports) else 1
+
+
+def _my_engine_summary(root: Path) -> bool:
+    """Print where ``root/my_engine`` stands, stage by stage; whether every check of every stage passes."""
+    from minipaged.course import my_engine
+
+    if not (root / my_engine.PACKAGE).is_dir():
+        print(f"(no {my_engine.PACKAGE}/ here: `python -m minipaged course OUT` writes a copy with one)\n")
+        return True
+    results = {stage: my_engine.run(stage, root=root) for stage in my_engine.STAGES}
+    print(my_engine.summary(results))
+    print("One stage of your engine in detail: python -m exercises my_engine 3\n")
+    return all(r.status == "pass" for rs in results.values() for r in rs)
+
+
+def my_engine_main(argv: list[str]) -> int:
+    """``python -m exercises my_engine [STAGE] [--root DIR]``: check your engine's modules."""
+    from minipaged.course import my_engine
+
+    parser = argparse.ArgumentParser(
+        prog="python -m exercises my_engine",
+        description="Check your engine (my_engine/stageN_*.py) against the package: core and stretch, "
+        "each case that fails with what was expected and the likely mistake.",
+    )
+    parser.add_argument("stage", nargs="?", type=_stage, help="0 .. 6; every stage if left out")
+    parser.add_argument("--root", type=Path, help="the folder holding my_engine/ (default: here or a folder above)")
+    args = parser.parse_args(argv)
+    if args.stage is not None and args.stage not in my_engine.STAGES:
+        parser.error(f"not a stage of my_engine: {args.stage} (0 .. {max(my_engine.STAGES)})")
+    try:
+        root = my_engine.find_root(args.root)
+    except FileNotFoundError as exc:
+        print(exc)
+        return 2
+    stages = list(my_engine.STAGES) if args.stage is None else [args.stage]
+    results = {stage: my_engine.run(stage, root=root) for stage in stages}
+    for stage in stages:
+        print(my_engine.format_results(stage, results[stage]))
+    return 0 if all(r.status == "pass" for rs in results.values() for r in rs) else 1
 
 
 if __name__ == "__main__":

@@ -154,7 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("paper", help="the PagedAttention paper's results beside ours (docs/paper.md)")
     importlib.import_module("minipaged.paper.cli").add_arguments(r)
     w = sub.add_parser("download", help="fetch a known model or data file into the cache (then all runs offline)")
-    w.add_argument("name", nargs="?", help="a known name, e.g. smollm2-135m-instruct (--list shows them)")
+    w.add_argument(
+        "name",
+        nargs="?",
+        help="a known name, e.g. smollm2-135m-instruct (--list shows them), or course: every file the notebooks read",
+    )
     w.add_argument("--list", action="store_true", help="list the known names, their sizes and whether cached")
     args = p.parse_args(argv)
     what = f"bench {args.which}" if args.cmd == "bench" else args.cmd
@@ -211,9 +215,17 @@ def _animate(args: argparse.Namespace) -> None:
     animate.main(args.which, args.out, fps=args.fps, max_frames=args.max_frames, dpi=args.dpi)
 
 
+# What the notebooks read besides the package: the real model (notebooks 00, 05, 06, 07) and ShareGPT (00, 06, 07).
+COURSE_FILES = ("smollm2-135m-instruct", "sharegpt")
+
+
 def _download(args: argparse.Namespace) -> None:
     from minipaged.model import hub
 
+    if args.name == "course" and not args.list:  # before class: everything, so that the room can go offline
+        for name in COURSE_FILES:
+            hub.download_command(name)
+        return
     hub.download_command(args.name, args.list)
 
 

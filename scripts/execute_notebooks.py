@@ -59,7 +59,11 @@ def stack_pngs(pngs: list[bytes]) -> bytes:
         top += im.height
     out = io.BytesIO()
     sheet.save(out, format="PNG", optimize=True)
-    return out.getvalue()
+    # what each picture says (minipaged.viz.style.figure_png puts it in the PNG) goes on with the sheet
+    from minipaged.viz.style import png_text, png_with_text
+
+    texts = [text for png in pngs if (text := png_text(png))]
+    return png_with_text(out.getvalue(), "\n".join(texts)) if texts else out.getvalue()
 
 
 def add_static_pictures(nb) -> int:

@@ -7,6 +7,7 @@ ModuleNotFoundError, as on a base install (``pip install -e .``) without the ext
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,16 @@ def test_a_module_of_no_extra_is_not_hidden(monkeypatch):
     monkeypatch.setattr(cli, "run", lambda args: __import__("minipaged_no_such_module"))
     with pytest.raises(ModuleNotFoundError):
         cli.main(["eval"])
+
+
+def test_download_course_fetches_every_file_the_notebooks_read(monkeypatch):
+    """``python -m minipaged download course``: the teacher's guide names it as the step before class."""
+    from minipaged.__main__ import COURSE_FILES, main
+    from minipaged.model import hub
+
+    fetched = []
+    monkeypatch.setattr(hub, "download_command", lambda name, list_only=False: fetched.append(name))
+    main(["download", "course"])
+    assert fetched == list(COURSE_FILES) and set(COURSE_FILES) <= set(hub.KNOWN_FILES)
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "teaching.md").read_text(encoding="utf-8")
+    assert "python -m minipaged download course" in guide

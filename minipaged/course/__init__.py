@@ -21,6 +21,9 @@ This is the top layer: the core never imports it.
 
 from __future__ import annotations
 
+from minipaged.course import pictures
 from minipaged.course.predict import reveal, until_guessed
 
 __all__ = ["reveal", "until_guessed"]
+
+pictures.install()  # in a notebook, every figure's PNG carries the text drawn in it

@@ -1,11 +1,17 @@
 """A learner's copy of the course: ``python -m minipaged course OUT_DIR``.
 
 The committed notebooks keep their outputs, so that they read well on the web; a learner who
-opens them sees every answer before predicting it. The copy written here has:
+opens them sees the saved pictures, and every folded *Why*, before predicting. The copy written
+here has:
 
 - ``notebooks/``: every notebook with its outputs, execution counts and saved widget state
   stripped (by nbstripout, the tool most Jupyter projects use for this), and every guess cell
   reset to ``my_guess = None``, its comment kept;
+- ``my_engine/``: the learner's own engine, one stub module per stage (the contiguous cache, the
+  block pool, block tables, slot mapping and attention, the Triton kernels, the scheduler, the
+  prefix cache), each piece marked core or stretch. Each notebook's last cell checks its stage
+  (:mod:`minipaged.course.my_engine`); the reference solutions stay in the repository's
+  ``tests/course/my_engine_solutions/``;
 - ``exercises/``: the exercise files as they are in the repository (stubs whose bodies raise
   ``NotImplementedError``) and the checker. The checks and the reference solutions stay in the
   repository's ``tests/exercises/``: ``python -m exercises stageN`` run in the copy finds the
@@ -35,7 +41,11 @@ Made by `python -m minipaged course` from {repo}.
 - `notebooks/`: open them with `jupyter lab notebooks/` (as root: `jupyter lab --allow-root notebooks/`).
   Run the cells from the top. Where a cell says `my_guess = None`, write your guess before running the
   cell after it: it prints "you predicted X; it is Y", and the folded *Why* below says why.
-- `exercises/`: write the exercises of each notebook in `exercises/stageN_*.py`, then check them from
+- `my_engine/`: your own engine, built notebook by notebook: one module per stage, each a stub that
+  says what to write (**core** first, then **stretch**). The last cell of each notebook checks your
+  module for that stage; from this folder, `python -m exercises` reports every stage and
+  `python -m exercises my_engine 3` one of them.
+- `exercises/`: smaller exercises of each notebook in `exercises/stageN_*.py`; check them from
   this folder with `python -m exercises stage0` (`stage1`, ...).
 
 Links in the notebooks to the package's code and docs point into the repository: {repo}.
@@ -47,7 +57,10 @@ README_ZH = """# 你的 minipaged 课程副本
 - `notebooks/`：用 `jupyter lab notebooks/` 打开（以 root 身份运行时：`jupyter lab --allow-root notebooks/`）。
   从上往下运行各单元。遇到 `my_guess = None` 的单元，先写下你的猜测，再运行它后面的单元：
   它会打印 "you predicted X; it is Y"，下面折叠的 *Why* 说明原因。文字是中文，代码和它打印的内容是英文。
-- `exercises/`：把每个 notebook 的练习写在 `exercises/stageN_*.py` 里，然后在本文件夹中用
+- `my_engine/`：你自己的引擎，一个 notebook 一个模块地搭起来：每个阶段一个桩模块，写明要写什么（先写
+  **core**，再写 **stretch**）。每个 notebook 的最后一个单元格检查你这一阶段的模块；在本文件夹中，
+  `python -m exercises` 报告所有阶段，`python -m exercises my_engine 3` 只查其中一个。
+- `exercises/`：每个 notebook 的小练习，写在 `exercises/stageN_*.py` 里，然后在本文件夹中用
   `python -m exercises stage0`（`stage1`、……）检查。练习说明见 `exercises/README.zh.md`。
 
 notebook 里指向包的代码和文档的链接都指向仓库：{repo}。
@@ -104,7 +117,9 @@ def learner_notebook(path: Path, lang: str = "en") -> NotebookNode:
 
 
 def make_learner_copy(out_dir: Path, repo: Path = REPO, lang: str = "en") -> list[Path]:
-    """Write ``out_dir/notebooks`` and ``out_dir/exercises`` for a learner; returns the files written.
+    """Write ``out_dir/notebooks``, ``out_dir/my_engine`` and ``out_dir/exercises`` for a learner.
+
+    Returns the files written.
 
     ``lang="zh"``: the notebooks' markdown cells in Chinese (see :mod:`minipaged.course.translation`).
     """
@@ -124,6 +139,11 @@ def make_learner_copy(out_dir: Path, repo: Path = REPO, lang: str = "en") -> lis
     shutil.copytree(
         repo / "exercises", out_dir / "exercises", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "solutions")
     )
+    if (repo / "my_engine").is_dir():  # the learner's engine: the stubs, never the reference solutions
+        shutil.copytree(
+            repo / "my_engine", out_dir / "my_engine", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+        written += sorted(p for p in (out_dir / "my_engine").rglob("*") if p.is_file())
     written += sorted(p for p in (out_dir / "exercises").rglob("*") if p.is_file())
     readme = out_dir / "README.md"
     readme.write_text((README_ZH if lang == "zh" else README).format(repo=repo), encoding="utf-8")

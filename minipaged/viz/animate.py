@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 from minipaged.viz.palette import SEQUENCE_COLORS, Ink, inks_over_time, owner_inks
 from minipaged.viz.scheduler import draw_step, seq_names
 from minipaged.viz.step_events import StepEvents, live, step_events
+from minipaged.viz.style import figure_text, png_with_text
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -297,8 +298,9 @@ def animation(movie: Movie, fps: float = FPS, dpi: int = DPI) -> FuncAnimation:
 def frame_png(movie: Movie, k: int, fig: Figure | None = None) -> bytes:
     """Frame ``k`` as PNG bytes, exactly ``WIDTH`` x ``HEIGHT`` (no tight bounding box: every frame the same size)."""
     buf = io.BytesIO()
-    draw_frame(movie, k, fig).savefig(buf, format="png", dpi=DPI)
-    return buf.getvalue()
+    drawn = draw_frame(movie, k, fig)
+    drawn.savefig(buf, format="png", dpi=DPI)
+    return png_with_text(buf.getvalue(), figure_text(drawn))
 
 
 def jshtml(movie: Movie, fps: float = FPS, dpi: int = DPI) -> str:

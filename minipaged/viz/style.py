@@ -76,10 +76,59 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
 
 
 def figure_png(fig: Figure, dpi: int = WIDGET_DPI) -> bytes:
-    """PNG bytes of a figure, for an ``ipywidgets.Image`` (keep 100 dpi: text sizes are chosen for it)."""
+    """PNG bytes of a figure, for an ``ipywidgets.Image`` (keep 100 dpi: text sizes are chosen for it).
+
+    The PNG carries the text drawn in the figure (:func:`png_with_text`), so that what a saved
+    picture says can be read without looking at it."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
+    return png_with_text(buf.getvalue(), figure_text(fig))
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_TEXT_KEY = "Description"  # a standard PNG text keyword (what the picture shows)
+
+
+def figure_text(fig: Figure) -> str:
+    """Every piece of text drawn in ``fig`` (titles, labels, annotations, legends, tick labels), one a line.
+
+    Tick labels are set when the figure is drawn: call it after ``savefig``.
+    """
+    from matplotlib.text import Text
+
+    texts = [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return "\n".join(dict.fromkeys(texts))  # in drawing order, each once
+
+
+def png_with_text(png: bytes, text: str, key: str = PNG_TEXT_KEY) -> bytes:
+    """``png`` with an ``iTXt`` chunk ``key: text`` (UTF-8) after its header: the picture is unchanged."""
+    import struct
+    import zlib
+
+    if not png.startswith(PNG_SIGNATURE):
+        raise ValueError("not a PNG")
+    header_end = len(PNG_SIGNATURE) + 8 + struct.unpack(">I", png[8:12])[0] + 4  # IHDR: length, type, data, crc
+    body = key.encode("latin-1") + b"\0\0\0" + b"\0" + b"\0" + text.encode("utf-8")  # no compression, no language
+    chunk = struct.pack(">I", len(body)) + b"iTXt" + body + struct.pack(">I", zlib.crc32(b"iTXt" + body))
+    return png[:header_end] + chunk + png[header_end:]
+
+
+def png_text(png: bytes, key: str = PNG_TEXT_KEY) -> str | None:
+    """The text :func:`png_with_text` put in ``png`` (``None`` when it has none)."""
+    import struct
+
+    if not png.startswith(PNG_SIGNATURE):
+        raise ValueError("not a PNG")
+    at, found = len(PNG_SIGNATURE), []
+    while at + 8 <= len(png):
+        length, kind = struct.unpack(">I", png[at : at + 4])[0], png[at + 4 : at + 8]
+        data = png[at + 8 : at + 8 + length]
+        if kind == b"iTXt" and data.split(b"\0", 1)[0] == key.encode("latin-1"):
+            found.append(data.split(b"\0", 5)[-1].decode("utf-8"))
+        if kind == b"IEND":
+            break
+        at += 12 + length
+    return "\n".join(found) if found else None
 
 
 def box(

@@ -16,10 +16,19 @@ the answer:
 ``allow`` lists phrases above the guess that hold the same number for another reason (the
 embedded model's 32 dimensions per head is not the oracle's 32% of empty slots): they are taken
 out of the text before it is searched.
+
+Saved pictures are read too: a figure drawn in a notebook (and every widget picture) carries the
+text drawn in it inside its PNG (:mod:`minipaged.course.pictures`), titles, labels, legends and
+tick labels, and that text is searched like the rest. A saved picture above a guess whose text
+cannot be read fails, since nothing would then say what it shows. The strings a code cell writes
+(a title, a label) are searched as well, and the cells between a guess and its reveal may show
+nothing at all until a guess is set.
 """
 
 from __future__ import annotations
 
+import ast
+import base64
 import json
 import math
 import re
@@ -27,6 +36,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from minipaged.viz.style import png_text
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -55,19 +66,49 @@ def literals(value: object) -> set[str]:
     return found
 
 
-def shown(cell) -> list[str]:
-    """What a reader sees of a cell: markdown, a code cell's comments and its committed outputs."""
+# Notebooks whose committed pictures were saved before pictures carried their text: their pictures
+# are not read (re-executing the notebook with scripts/execute_notebooks.py takes it off this list).
+PICTURES_WITHOUT_TEXT = {"07_the_paper.ipynb"}
+UNREADABLE = "<a saved picture without its text>"
+
+
+def code_strings(source: str) -> list[str]:
+    """The string constants a code cell writes (titles, labels), f-strings' fixed parts included."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # a cell magic
+        return []
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+def picture_texts(cell) -> list[str]:
+    """The text inside each saved picture of a cell's outputs (``UNREADABLE`` for a picture without any)."""
+    texts = []
+    for out in cell.get("outputs", []):
+        png = out.get("data", {}).get("image/png")
+        if png is not None:
+            text = png_text(base64.b64decode(png))
+            texts.append(UNREADABLE if text is None else text)
+    return texts
+
+
+def shown(cell, pictures: bool = True) -> list[str]:
+    """What a reader sees of a cell: markdown; a code cell's comments, strings and committed outputs,
+    the text inside its saved pictures included."""
     if cell.cell_type == "markdown":
         return [cell.source]
     if cell.cell_type != "code":
         return []
     texts = ["\n".join(line.partition("#")[2] for line in cell.source.splitlines() if "#" in line)]
+    texts += code_strings(cell.source)
     for out in cell.get("outputs", []):
         if "text" in out:
             texts.append(out["text"])
         for kind in ("text/plain", "text/markdown", "text/html"):
             if kind in out.get("data", {}):
                 texts.append(out["data"][kind])
+    if pictures:
+        texts += picture_texts(cell)
     return texts
 
 
@@ -96,11 +137,48 @@ def test_nothing_of_the_answer_above_its_guess(name, guess_id, entry):
         tells |= literals(parse(entry["answer"]))
     found = []
     for i, cell in enumerate(nb.cells[: last + 1]):
-        for text in shown(cell):
+        for text in shown(cell, pictures=name not in PICTURES_WITHOUT_TEXT):
+            if text == UNREADABLE:
+                found.append(
+                    f"cell {i}: a saved picture whose text cannot be read (draw it after importing minipaged.course)"
+                )
+                continue
             for phrase in entry.get("allow", []):
                 text = text.replace(phrase, "")
             found += [f"cell {i}: {tell!r}" for tell in sorted(tells) if leaks(text, tell)]
     assert not found, f"{name}, the answer to the guess in cell {guess} ({entry['answer']}) shows above it: {found}"
+
+
+@pytest.mark.parametrize("name,guess_id,entry", predictions())
+def test_nothing_shows_between_a_guess_and_its_reveal(name, guess_id, entry):
+    """A cell run after the guess and before the reveal prints nothing and draws nothing while the guess is None."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    guess = [c.get("id") for c in nb.cells].index(guess_id)
+    last = next(i for i in range(guess + 1, len(nb.cells)) if "reveal(my_guess" in nb.cells[i].source)
+    found = [
+        f"cell {i}" for i in range(guess + 1, last) if nb.cells[i].cell_type == "code" and nb.cells[i].get("outputs")
+    ]
+    assert not found, f"{name}: {found} show something between the guess in cell {guess} and its reveal: " + (
+        "hold it back with `with until_guessed(my_guess):`"
+    )
+
+
+def test_pictures_carry_their_text():
+    """The reading above works: a figure's PNG as a notebook saves it holds the figure's text, tick labels included."""
+    from minipaged.course.pictures import inline_png
+    from minipaged.viz.style import figure_png, new_figure
+
+    fig, ax = new_figure(4, 3)
+    ax.set_title("C holds 40 tokens")
+    ax.plot([0, 1], [0, 33])
+    for png in (base64.b64decode(inline_png(fig)), figure_png(fig)):
+        text = png_text(png)
+        assert text is not None and "C holds 40 tokens" in text and "30" in text.split("\n"), text
+        assert leaks(text, "40") and not leaks(text, "33")
+    assert picture_texts({"outputs": [{"data": {"image/png": base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()}}]}) == [
+        UNREADABLE
+    ]
+    assert code_strings('draw(title=f"the running example: A = {A}")\nx = 1  # no') == ["the running example: A = "]
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("0*.ipynb")), ids=lambda p: p.name[:2])

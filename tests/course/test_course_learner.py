@@ -73,6 +73,22 @@ def test_exercises_are_the_stubs_without_solutions(copy):
         assert "raise NotImplementedError" in stub.read_text(encoding="utf-8"), stub.name
 
 
+def test_my_engine_is_the_stubs_and_its_checks_run_in_the_copy(copy):
+    from minipaged.course import my_engine
+
+    got = sorted(p.name for p in (copy / "my_engine").glob("*.py"))
+    assert got == sorted(p.name for p in (ROOT / "my_engine").glob("*.py")) and len(got) == 1 + len(my_engine.STAGES)
+    for name in got:
+        assert (copy / "my_engine" / name).read_text(encoding="utf-8") == (ROOT / "my_engine" / name).read_text(
+            encoding="utf-8"
+        )
+    assert not list(copy.rglob("my_engine_solutions"))
+    # the notebooks' closing cells run from notebooks/: the engine is found in the folder above
+    assert my_engine.find_root(copy / "notebooks") == copy
+    results = my_engine.run(1, root=copy)
+    assert results and all(r.status == "todo" for r in results), results
+
+
 @pytest.mark.slow
 def test_the_checker_runs_in_the_copy(copy):
     """``python -m exercises stage2`` in the copy checks the copy's file with the repository's checks."""

@@ -166,3 +166,54 @@ def test_teaching_page_names_each_deck_with_its_slide_count():
     assert f"{sum(len(d.slides) for d in decks)}\nslides in all" in text or (
         f"{sum(len(d.slides) for d in decks)} slides in all" in text
     )
+
+
+# A figure drawn from a committed result of docs/paper/ (minipaged/course/figures.py) -> that result's name.
+PAPER_FIGURES = {"paper_memory": "fig2", "paper_throughput": "fig13", "paper_sharing": "fig15"}
+SAID = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*(%|x\b)")
+
+
+def said_numbers(text: str) -> list[tuple[str, str]]:
+    """The percentages and ratios a slide's text states: ``[("24.6", "%"), ("4.0", "x")]``."""
+    return SAID.findall(text)
+
+
+def agrees(number: str, values: list[float]) -> bool:
+    """``number`` is one of ``values`` written to its own precision (``"46"`` for 45.54, ``"4.0"`` for 4.02)."""
+    digits = len(number.partition(".")[2])
+    return any(round(v, digits) == float(number) for v in values)
+
+
+def test_said_numbers_and_agrees():
+    assert said_numbers("Orca (Max) 24.6%, 4.0x on ShareGPT, blocks of 16, 2x") == [
+        ("24.6", "%"),
+        ("4.0", "x"),
+        ("2", "x"),
+    ]
+    assert agrees("46", [45.54]) and agrees("4.0", [4.0247]) and not agrees("33.5", [45.54, 16.1])
+
+
+def test_slide_text_agrees_with_its_figure_data():
+    """What a slide says beside a figure of the paper's results is what the figure draws.
+
+    Every percentage and ratio in the title and text of a slide whose figure comes from
+    ``docs/paper/NAME.json`` is one of that result's values (ours or the paper's), to the precision
+    written. The speaker notes may cite other runs (notebook 07's smaller replays), naming them.
+    """
+    from minipaged.course.figures import PAPER
+    from minipaged.paper.report import load
+
+    checked, found = 0, []
+    for deck in load_decks():
+        for k, slide in enumerate(deck.slides):
+            if slide.figure is None or slide.figure[0] not in PAPER_FIGURES:
+                continue
+            result = load(PAPER, PAPER_FIGURES[slide.figure[0]])
+            assert result is not None, f"docs/paper/{PAPER_FIGURES[slide.figure[0]]}.json missing"
+            values = [row[key] for row in result["rows"] for key in ("ours", "paper") if row.get(key) is not None]
+            for number, unit in said_numbers("\n".join([slide.title, *slide.body])):
+                checked += 1
+                if not agrees(number, values):
+                    found.append(f"{deck.name} slide {k} ({slide.title}): {number}{unit} is not in {result['name']}")
+    assert checked >= 6, f"only {checked} numbers checked: the figures' slides lost their numbers?"
+    assert not found, found
