@@ -100,7 +100,7 @@ QUESTIONS = (
 READ_BYTES = 512 * 2**20
 # (f)'s KV budget: 384 blocks of 16 tokens (6,144 slots) hold 3 reservations of 2,048
 REAL_BUDGET = dict(num_kvcache_blocks=384, block_size=16, max_model_len=2048, max_num_seqs=64)
-REAL_BUDGET_QUICK = dict(num_kvcache_blocks=64, block_size=16, max_model_len=512, max_num_seqs=64)
+REAL_BUDGET_QUICK = dict(num_kvcache_blocks=128, block_size=16, max_model_len=1024, max_num_seqs=64)
 
 
 def chat_prompts(llm: LLM, n: int, seed: int = 0) -> list[list[int]]:
@@ -294,15 +294,17 @@ def real_chats(a: Namespace, llm: LLM, hf: Any) -> dict[str, Any]:
         print("(e), (f): skipped, the model has no chat template (real ShareGPT chats need one)")
         return {}
     n, max_tokens = (3, 8) if a.quick else (a.chats, a.max_tokens)
-    prompts = sharegpt_chats(llm, n)
+    budget = dict(REAL_BUDGET_QUICK if a.quick else REAL_BUDGET)
+    # the defaults a user gets, with room for a real first turn and its answer
+    chats = LLM(a.model, dtype=a.dtype, max_num_seqs=64, max_model_len=budget["max_model_len"])
+    prompts = sharegpt_chats(chats, n)
     print(f"(e) {n} real ShareGPT first turns, EOS honoured, at most {max_tokens} new tokens each")
-    e = against_transformers(llm, hf, prompts, max_tokens)
+    e = against_transformers(chats, hf, prompts, max_tokens)
     print(
         f"  minipaged {e.first.tokens_per_s:.1f} tokens/s ({e.first.output_tokens} tokens), transformers "
         f"{e.second.tokens_per_s:.1f} ({e.second.output_tokens}): ratio {e.ratio:.2f}x, "
         f"identical {e.identical}/{n} chats"
     )
-    budget = dict(REAL_BUDGET_QUICK if a.quick else REAL_BUDGET)
     fits = budget["num_kvcache_blocks"] * budget["block_size"] // budget["max_model_len"]
     print(
         f"(f) paged against contiguous (reserving max_model_len={budget['max_model_len']} a chat: {fits} at a time) "

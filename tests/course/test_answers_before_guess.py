@@ -68,7 +68,7 @@ def literals(value: object) -> set[str]:
 
 # Notebooks whose committed pictures were saved before pictures carried their text: their pictures
 # are not read (re-executing the notebook with scripts/execute_notebooks.py takes it off this list).
-PICTURES_WITHOUT_TEXT = {"07_the_paper.ipynb"}
+PICTURES_WITHOUT_TEXT: set[str] = set()
 UNREADABLE = "<a saved picture without its text>"
 
 
