@@ -186,6 +186,8 @@ def summary(results: list[Result], duration: float) -> dict[str, object]:
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "total_throughput": (in_tokens + out_tokens) / duration,
+        # what one client sees: its answer's tokens over its request's time, first token included
+        "per_request_throughput": float(np.mean([r.output_tokens / r.latency for r in ok])) if ok else float("nan"),
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
         for stat, f in (("mean", np.mean), ("median", np.median), ("p99", lambda a: np.percentile(a, 99))):
@@ -207,6 +209,7 @@ def print_summary(title: str, f: dict) -> None:
         ("Request throughput (req/s):", f"{f['request_throughput']:.2f}"),
         ("Output token throughput (tok/s):", f"{f['output_throughput']:.2f}"),
         ("Total token throughput (tok/s):", f"{f['total_throughput']:.2f}"),
+        ("Output tok/s per request (mean):", f"{f['per_request_throughput']:.2f}"),
     ]
     for label, value in rows:
         print(f"{label:<40}{value:>10}")

@@ -28,6 +28,7 @@ FIGURES = [
     "Request throughput (req/s):",
     "Output token throughput (tok/s):",
     "Total token throughput (tok/s):",
+    "Output tok/s per request (mean):",
 ] + [f"{stat} {name} (ms):" for name in ("TTFT", "TPOT", "ITL") for stat in ("Mean", "Median", "P99")]
 
 
@@ -53,6 +54,8 @@ def test_bench_serve_prints_every_figure(capsys):
     assert set(found) == set(FIGURES), set(FIGURES) - set(found)
     assert all(math.isfinite(v[0]) and v[0] >= 0 for v in found.values())
     assert found["Successful requests:"] == [8] and found["Total generated tokens:"] == [8 * 12]
+    # one client's rate: at most 4 in flight, so each sees at least a quarter of the total
+    assert found["Output tok/s per request (mean):"][0] > 0.2 * found["Output token throughput (tok/s):"][0]
     assert "Failed requests:                                 0" in out
     assert re.search(r"projector: [\d.]+ frames/s pushed during the run", out)
 
