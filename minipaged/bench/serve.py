@@ -1,11 +1,11 @@
 """Benchmark: the server under load, measured the way vLLM's serving benchmark measures it.
 
 ``python -m minipaged bench serve --help`` lists the flags. Requests arrive as a Poisson process at
-``--request-rate`` per second (``inf``: all at once),
-at most ``--max-concurrency`` in flight, each a real HTTP request streamed over server-sent
-events. Printed per server, as vLLM's ``benchmark_serving`` prints them: request throughput,
-output tokens/s, and TTFT (time to first token), TPOT (time per output token after the first)
-and ITL (the gaps between streamed chunks): mean, median (p50) and p99.
+``--request-rate`` per second (``inf``: all at once), at most ``--max-concurrency`` in flight,
+each a real HTTP request streamed over server-sent events. Printed per server, as vLLM's
+``benchmark_serving`` prints them: request throughput, output tokens/s, and TTFT (time to first
+token), TPOT (time per output token after the first) and ITL (the gaps between streamed chunks):
+mean, median (p50) and p99; and each request's output tokens over its time, what one client sees.
 
 With ``--base-url`` the bench drives a server that is already running (minipaged's, or vLLM's:
 the requests are plain OpenAI completions). Without it, the bench starts one minipaged server
@@ -17,10 +17,9 @@ overhead) and whether the texts are identical. ``--watch-projector`` counts proj
 Two datasets, greedy. ``--dataset copy`` (the default): the embedded model's copy task (a shared
 preamble of ``--preamble-chars``, then a random text), ``--max-tokens`` each. ``--dataset
 sharegpt``: real ShareGPT conversations sampled as vLLM's serving benchmark samples them
-(:mod:`minipaged.paper.sharegpt`: the first turn's text is the prompt, the second turn's length
-in the real model's tokens is ``max_tokens``; seeded by ``--seed``), and the servers the bench
-starts load the real chat model. Timings are this machine's, under whatever else runs on it.
-"""
+(:mod:`minipaged.paper.sharegpt`: the first turn's text is the prompt, the second turn's length in
+the real model's tokens is ``max_tokens``; seeded by ``--seed``), and the servers the bench starts
+load the real chat model. Timings are this machine's, under whatever else runs on it."""
 
 from __future__ import annotations
 
@@ -186,8 +185,7 @@ def summary(results: list[Result], duration: float) -> dict[str, object]:
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "total_throughput": (in_tokens + out_tokens) / duration,
-        # what one client sees: its answer's tokens over its request's time, first token included
-        "per_request_throughput": float(np.mean([r.output_tokens / r.latency for r in ok])) if ok else float("nan"),
+        "per_request_throughput": float(np.mean([r.output_tokens / r.latency for r in ok] or [float("nan")])),
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
         for stat, f in (("mean", np.mean), ("median", np.median), ("p99", lambda a: np.percentile(a, 99))):

@@ -29,10 +29,30 @@ def _stage6_hashes(m: ModuleType) -> None:
             raise CheckFailed(case, want[:3], got[:3], hint or "hash_block(parent hash, this block's token ids)")
 
 
-def _prefix_setup(m: ModuleType) -> tuple[Any, Any, list[int], list[Any]]:
+def _hooked_pool(num_blocks: int) -> Any:
+    """The package's pool with the seam my_engine's stage 1 pool has: ``pool.on_evict(block)`` is
+    called, the block's ``block_hash`` still set, for each cached block that allocation reuses (the
+    package's own pool records these in ``evicted`` instead, for its prefix cache to read)."""
     from minipaged.kv.block_pool import BlockPool
 
-    pool = BlockPool(8)
+    class HookedPool(BlockPool):
+        on_evict: Any = None
+
+        def allocate(self, n: int) -> list[Any]:
+            seen = len(self.evicted)
+            blocks = super().allocate(n)
+            for block, block_hash in self.evicted[seen:]:
+                if self.on_evict is not None:
+                    block.block_hash = block_hash  # as the learner's evict(block) sees it
+                    self.on_evict(block)
+                    block.block_hash = None
+            return blocks
+
+    return HookedPool(num_blocks)
+
+
+def _prefix_setup(m: ModuleType) -> tuple[Any, Any, list[int], list[Any]]:
+    pool = _hooked_pool(8)
     cache = m.PrefixCache(pool, 4)
     a = list(range(100, 114))  # 14 tokens: 3 full blocks and 2 more
     blocks = pool.allocate(4)
