@@ -54,6 +54,7 @@ from minipaged.bench.sharegpt_chats import (
     engine_perplexity,
     held_out_texts,
     paged_against_contiguous,
+    run_generate,
     sharegpt_chats,
     transformers_perplexity,
 )
@@ -150,20 +151,8 @@ def run_minipaged(llm: LLM, prompts: Sequence[list[int]], new_tokens: int) -> En
 
 
 def run_transformers(hf: Any, prompts: Sequence[list[int]], new_tokens: int, pad_id: int) -> EngineRun:
-    """One left-padded ``generate`` batch of every chat, greedy, ``new_tokens`` each."""
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    run = EngineRun("transformers")
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = hf.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id
-        )
-    run.seconds = time.perf_counter() - start
-    run.output_tokens = new_tokens * len(prompts)
-    run.tokens = out[:, width:].tolist()
-    return run
+    """One left-padded ``generate`` batch of every chat, greedy, ``new_tokens`` each (no EOS)."""
+    return run_generate(hf, prompts, new_tokens, pad_id, eos=[])
 
 
 def read_bandwidth(nbytes: int = READ_BYTES, repeats: int = 5) -> float:

@@ -67,7 +67,8 @@ def _until_eos(row: list[int], eos: Sequence[int]) -> list[int]:
 
 
 def run_generate(hf: Any, prompts: Sequence[list[int]], max_tokens: int, pad_id: int, eos: list[int]) -> EngineRun:
-    """One left-padded ``generate`` batch, greedy, each row up to its EOS (included) or ``max_tokens``."""
+    """One left-padded ``generate`` batch, greedy, each row up to its EOS (included) or ``max_tokens``
+    (``eos`` empty: every row ``max_tokens``, as a model told of no EOS runs)."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -80,7 +81,7 @@ def run_generate(hf: Any, prompts: Sequence[list[int]], max_tokens: int, pad_id:
             max_new_tokens=max_tokens,
             do_sample=False,
             pad_token_id=pad_id,
-            eos_token_id=eos,
+            **({"eos_token_id": eos} if eos else {}),
         )
     run.seconds = time.perf_counter() - start
     run.tokens = [_until_eos(row, eos) for row in out[:, width:].tolist()]
