@@ -63,6 +63,8 @@ from minipaged.engine.llm import LLM
 from minipaged.engine.sampling_params import SamplingParams
 from minipaged.model.decoder import DecoderModel
 from minipaged.model.hub import DEFAULT_CHAT_MODEL
+from minipaged.paper.plots import draw_step_curve
+from minipaged.viz.style import save_figure
 
 QUESTIONS = (
     "What is the capital of France? Answer in one sentence.",
@@ -241,6 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens of every chat (default 64)")
     p.add_argument("--dtype", default="auto", help="minipaged's number format: auto (default), float32, bfloat16")
     p.add_argument("--chats", type=int, default=64, help="(e), (f): real ShareGPT chats (default 64)")
+    p.add_argument("--plot", default=None, help="save (d)'s step-against-rows figure here (.png or .svg)")
     p.add_argument("--max-tokens", type=int, default=128, help="(e), (f): new tokens at most (default 128)")
     a = p.parse_args(argv)
     quick = a.quick
@@ -272,7 +275,12 @@ def main(argv: list[str] | None = None) -> dict:
             f"  {n:3d} rows  step {1e3 * parts['step']:6.1f}: "
             + ", ".join(f"{k} {1e3 * v:.1f} ({100 * v / parts['step']:.0f}%)" for k, v in parts.items() if k != "step")
         )
-    curve = step_curve(a.model, llm, (1, 2) if quick else (1, 8, 32, 64), engine_args, steps)
+    curve_rows = [1, 2] if quick else [1, 8, 32, 64]
+    curve, curve_bytes = step_curve(a.model, llm, curve_rows, engine_args, steps)
+    if a.plot:
+        floors = {d: n / bandwidth for d, n in curve_bytes.items()}
+        save_figure(draw_step_curve(curve_rows, curve, floors, f"{a.model}: the decode step against its rows"), a.plot)
+        print(f"(d) drawn with the bandwidth lines: {a.plot}")
     figures = {"rows": rows, "bandwidth": bandwidth, "weight_bytes": nbytes, "step": step, "breakdown": breakdown}
     return {**figures, "curve": curve, **real_chats(a, llm, hf)}
 
@@ -327,9 +335,12 @@ def quality(a: Namespace, llm: LLM, n: int) -> dict[str, float]:
     return ppl
 
 
-def step_curve(model: str, llm: LLM, rows: Sequence[int], engine_args: dict, steps: int) -> dict[str, list[float]]:
+def step_curve(
+    model: str, llm: LLM, rows: Sequence[int], engine_args: dict, steps: int
+) -> tuple[dict[str, list[float]], dict[str, int]]:
     """(d): seconds per decode step at each number of ``rows``, fp32 and ``auto`` (``llm`` is one of
-    them, the other is built here), printed with each over its own 1-row step."""
+    them, the other is built here), printed with each over its own 1-row step; and the bytes of
+    weights each one's step reads."""
     others = {"float32", "auto"} - {"auto" if llm.precision.bf16_products else "float32"}
     engines = {("auto" if llm.precision.bf16_products else "float32"): llm}
     engines.update({d: LLM(model, dtype=d, **engine_args) for d in others})
@@ -339,4 +350,4 @@ def step_curve(model: str, llm: LLM, rows: Sequence[int], engine_args: dict, ste
     for i, n in enumerate(rows):
         parts = [f"{d} {1e3 * c[i]:6.1f} ({c[i] / c[0]:.2f}x)" for d, c in curve.items()]
         print(f"  {n:3d} rows  " + "  ".join(parts))
-    return curve
+    return curve, {d: e.model.product_bytes() for d, e in engines.items()}

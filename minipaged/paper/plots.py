@@ -154,3 +154,26 @@ def draw_swap(result: dict) -> Figure:
     ax.legend()
     ax.set_title(_title(result), loc="left")
     return fig
+
+
+def draw_step_curve(
+    rows: list[int], steps: dict[str, list[float]], floors: dict[str, float], title: str = ""
+) -> Figure:
+    """The decode step against its rows on a real model: ``steps`` maps a number format to the
+    seconds of a step at each of ``rows``; ``floors`` maps it to the seconds it takes to read that
+    format's weights once at the measured read bandwidth (the least a step can cost)."""
+    fig, ax = new_figure(10, 4.5)
+    colors = {"float32": THEIRS, "auto": OURS}
+    for name, seconds in steps.items():
+        color = colors.get(name, MUTED)
+        ax.plot(rows, [1e3 * t for t in seconds], "o-", color=color, label=f"decode step, {name}")
+        if name in floors:
+            ax.axhline(1e3 * floors[name], ls="--", color=color, label=f"reading the {name} weights once")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(rows, [str(r) for r in rows])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("running rows (one new token each)")
+    ax.set_ylabel("ms per decode step")
+    ax.legend()
+    ax.set_title(title or "the decode step against its rows", loc="left")
+    return fig

@@ -8,11 +8,14 @@ import re
 import pytest
 
 from minipaged.bench import chat
+from minipaged.paper.plots import draw_step_curve
+from minipaged.viz.style import figure_text
 
 
 @pytest.mark.slow  # builds random:smollm2-135m (134.5M parameters) and a transformers twin
-def test_quick_bench_chat_prints_its_three_parts_and_their_ratios(capsys):
-    figures = chat.main(["--model", "random:smollm2-135m", "--quick", "--dtype", "float32"])
+def test_quick_bench_chat_prints_its_three_parts_and_their_ratios(capsys, tmp_path):
+    plot = tmp_path / "curve.png"
+    figures = chat.main(["--model", "random:smollm2-135m", "--quick", "--dtype", "float32", "--plot", str(plot)])
     out = capsys.readouterr().out
     # every weight but the 61 RMSNorm vectors (35,136 numbers), the tied LM head counted once, in fp32
     assert figures["weight_bytes"] == (134_515_008 - 35_136) * 4
@@ -48,6 +51,15 @@ def test_quick_bench_chat_prints_its_three_parts_and_their_ratios(capsys):
     assert line is not None
     for d, c in curve.items():
         assert f"{d} {1e3 * c[1]:6.1f} ({c[1] / c[0]:.2f}x)" in line.group()
+    assert f"(d) drawn with the bandwidth lines: {plot}" in out and plot.stat().st_size > 10_000
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    # the figure: a line per number format, and its weights' read at the bandwidth as a floor
+    fig = draw_step_curve([1, 2], curve, {"float32": 0.01, "auto": 0.005})
+    text = figure_text(fig)
+    assert "decode step, float32" in text and "reading the auto weights once" in text
+    ax = fig.axes[0]
+    assert [list(line.get_ydata()) for line in ax.lines[::2]] == [[1e3 * t for t in c] for c in curve.values()]
+    assert [line.get_ydata()[0] for line in ax.lines[1::2]] == [10.0, 5.0]
     # (e), (f): real chats need a chat template, which a random model has not
     assert "(e), (f): skipped, the model has no chat template" in out
     assert "sharegpt" not in figures
