@@ -1,7 +1,8 @@
 """Check your work: ``python -m exercises`` (your engine, ``my_engine/``, stage by stage, then every
 exercise), ``python -m exercises my_engine 3`` (one stage of your engine, in detail),
 ``python -m exercises stage3`` (one stage's exercises); ``python -m exercises engine`` serves the
-demo workload with every exercise stage you passed in the package's engine.
+demo workload with every exercise stage you passed in the package's engine; ``python -m exercises
+serve`` puts your engine (``my_engine/``) behind the classroom server.
 
 Run from the repository root. See ``exercises/README.md``.
 """
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["my_engine"]:
         return my_engine_main(argv[1:])
+    if argv[:1] == ["serve"]:
+        return serve_main(argv[1:])
     if argv[:1] == ["engine"]:
         engine = argparse.ArgumentParser(
             prog="python -m exercises engine",
@@ -110,6 +113,29 @@ def my_engine_main(argv: list[str]) -> int:
     for stage in stages:
         print(my_engine.format_results(stage, results[stage]))
     return 0 if all(r.status == "pass" for rs in results.values() for r in rs) else 1
+
+
+def serve_main(argv: list[str]) -> int:
+    """``python -m exercises serve [FLAGS]``: the classroom server (``python -m minipaged serve``'s
+    flags) over your engine: every piece of ``my_engine/`` whose checks pass, the package's for the rest."""
+    from minipaged.course import my_engine
+    from minipaged.course.my_engine.serving import learner_engine
+    from minipaged.engine.llm import LLM
+    from minipaged.serve import cli
+
+    try:
+        root = my_engine.find_root()
+    except FileNotFoundError as exc:
+        print(exc)
+        return 2
+
+    def engine(model: str | None, **engine_args: object) -> LLM:
+        llm = learner_engine(model, root=root, **engine_args)
+        print(llm.pieces.report(), flush=True)
+        return llm
+
+    cli.main(argv, engine=engine, prog="python -m exercises serve")
+    return 0
 
 
 if __name__ == "__main__":

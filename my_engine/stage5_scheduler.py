@@ -60,7 +60,9 @@ class KVCacheManager:
         num_new_tokens`` tokens. ``new_computed_blocks`` are prefix hits (stage 6; empty until then): they
         join its blocks after ``pool.touch``. Take ``cdiv(total, block_size)`` minus what it holds
         from the pool, or, when not enough are free, take nothing and return ``None``. Record the
-        request's blocks in ``req_to_blocks`` and return the newly allocated ones."""
+        request's blocks in ``req_to_blocks`` and return the newly allocated ones. (Stage 6: a hit
+        whose ``ref_cnt`` is 0 waits in the free queue, and touching it takes it from there: count
+        it among the blocks the request needs free, as vLLM's ``num_evictable_computed_blocks``.)"""
         raise NotImplementedError("KVCacheManager.allocate_slots: the missing blocks, or None (taking nothing)")
 
     def free(self, request: Request) -> None:

@@ -19,7 +19,12 @@ import argparse
 import dataclasses
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the engine is imported when the server starts, after the flags are read
+    from minipaged.engine.llm import LLM
 
 ENGINE_HELP = {
     "block_size": "tokens per KV block",
@@ -112,8 +117,12 @@ def served_name(model: str | None) -> str:
     return path.name if path.is_dir() else path.stem if path.is_file() else model
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], engine: Callable[..., LLM] | None = None, prog: str | None = None) -> None:
+    """Serve; ``engine(model, **engine_args)`` builds the engine (default: :class:`LLM`), e.g.
+    ``python -m exercises serve`` builds the learner's (:mod:`minipaged.course.my_engine.serving`)."""
     parser, engine_names = build_parser()
+    if prog is not None:
+        parser.prog = prog
     args = parser.parse_args(argv)
     try:
         # Each library by name: minipaged.serve.app, once imported, would not import them again.
@@ -137,7 +146,7 @@ def main(argv: list[str]) -> None:
     model = None if args.copy_model else args.model or DEFAULT_CHAT_MODEL
     try:
         preamble = args.preamble.read_text() if args.preamble else None
-        llm = LLM(model, **engine_args)
+        llm = (engine or LLM)(model, **engine_args)
     except (OSError, ValueError, TypeError) as e:
         default = model == DEFAULT_CHAT_MODEL and isinstance(e, OSError)
         hint = " (or --copy-model: the embedded copy model, nothing to fetch)" if default else ""

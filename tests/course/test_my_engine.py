@@ -159,6 +159,11 @@ def _preempt_oldest(m, tmp):
     _rewrite(m, "victim = self.running.pop()", "victim = self.running.pop(0)", tmp)
 
 
+def _free_hits_not_counted(m, tmp):
+    """A free cached hit is touched out of the free queue but not counted among the blocks needed."""
+    _rewrite(m, "max(needed, 0) + revived > self.pool.num_free_blocks", "needed > self.pool.num_free_blocks", tmp)
+
+
 def _kernel_unscaled(m, tmp):
     """The Triton decode kernel's scores not multiplied by the scale."""
     _rewrite(m, "tl.sum(k * qv[None, :], axis=1) * scale", "tl.sum(k * qv[None, :], axis=1)", tmp)
@@ -184,6 +189,7 @@ MISTAKES = [
     (3, _unscaled_attention, "paged_decode_attention", "no scale"),
     (3, _prefill_from_zero, "paged_prefill_attention", "context_len - q_len + i"),
     (4, _kernel_unscaled, "paged_decode_kernel (Triton)", "no scale"),
+    (5, _free_hits_not_counted, "KVCacheManager: allocate_slots, free", "leaves the free queue"),
     (5, _preempt_oldest, "Scheduler: admission, continuous batching, preemption", "NEWEST"),
     (6, _no_cap_on_hits, "PrefixCache: cache_full_blocks, get_computed_blocks", "last token"),
 ]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
-from minipaged.course.my_engine.base import CheckFailed, free_queue_ids
+from minipaged.course.my_engine.base import CheckFailed, free_queue_ids, outcome
 
 # ---------------------------------------------------------------- stage 5: the KV door and the scheduler
 
@@ -86,6 +87,30 @@ def _stage5_door(m: ModuleType) -> None:
             want,
             free_queue_ids(pool),
             "give the request's blocks to pool.free in logical order (it frees them tail first)",
+        )
+    _door_with_free_hits(m, pool, kv)
+
+
+def _door_with_free_hits(m: ModuleType, pool: Any, kv: Any) -> None:
+    """Prefix hits that wait in the free queue (``ref_cnt`` 0) are taken from it: they count."""
+    kv.allocate_slots(m.Request("D", list(range(4)), 4), 4)  # block 4: 5 left, among them 0 and 1
+    hits = [pool.blocks[0], pool.blocks[1]]
+    c = m.Request("C", list(range(24)), 4)
+    got = outcome(lambda: kv.allocate_slots(c, 16, hits), (Exception,), "an error")
+    if got is not None or pool.num_free_blocks != 5:
+        raise CheckFailed(
+            "5 blocks free, two of them C's prefix hits (ref_cnt 0): allocate_slots(C with 24 tokens, 16, hits)",
+            ("None", "5 blocks still free"),
+            (got if isinstance(got, str) else "blocks taken", f"{pool.num_free_blocks} free"),
+            "a hit with ref_cnt 0 leaves the free queue when touched: it needs a free block too (4 + 2 > 5)",
+        )
+    got = kv.allocate_slots(c, 12, hits)
+    if got is None or len(got) != 3 or [b.ref_cnt for b in hits] != [1, 1] or pool.num_free_blocks != 0:
+        raise CheckFailed(
+            "5 blocks free, two of them C's prefix hits: allocate_slots(C, 12, hits), room for 8 + 12 tokens",
+            ("3 new blocks", "hits ref_cnt [1, 1]", "0 free"),
+            (got and len(got), [b.ref_cnt for b in hits], pool.num_free_blocks),
+            "pool.touch each hit, then allocate the rest: 2 hits + 3 new = cdiv(20, 4)",
         )
 
 

@@ -50,7 +50,8 @@ class KVCacheManager:
         hits = list(new_computed_blocks)
         total = request.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
         needed = -(-total // self.block_size) - len(blocks) - len(hits)
-        if needed > self.pool.num_free_blocks:
+        revived = sum(1 for block in hits if block.ref_cnt == 0)  # a free cached hit leaves the free queue
+        if max(needed, 0) + revived > self.pool.num_free_blocks:
             return None
         for block in hits:
             self.pool.touch(block)
