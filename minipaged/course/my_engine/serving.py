@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
+
 from minipaged.course.my_engine.base import Result
 from minipaged.course.my_engine.seams import (
     LearnerAttention,
@@ -32,8 +34,11 @@ from minipaged.course.my_engine.seams import (
 from minipaged.engine.beam_search import BeamSearchParams
 from minipaged.engine.llm import LLM
 from minipaged.engine.plugins import EnginePlugins
+from minipaged.engine.pool_summary import PoolSummary
 from minipaged.engine.sampling_params import SamplingParams
+from minipaged.engine.step_output import StepOutput
 from minipaged.kv.block_pool import BlockPool
+from minipaged.viz.pool import draw_pool
 
 # piece -> (stage, the checks it needs)
 PIECES: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -146,10 +151,12 @@ def learner_engine(model: str | Path | None, root: Path | None = None, **llm_arg
 
 @dataclass
 class Comparison:
-    """The same chats through the learner's engine and the package's: the token ids of each answer."""
+    """The same chats through the learner's engine and the package's: the token ids of each answer,
+    and ``fullest``, the learner's pool after the step that left it fullest (what an observer reads)."""
 
     yours: list[list[int]]
     package: list[list[int]]
+    fullest: PoolSummary | None = None
 
     @property
     def first_difference(self) -> tuple[int, int] | None:
@@ -159,10 +166,33 @@ class Comparison:
                 return i, next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         return None
 
+    def draw_pool(self, title: str = "Your engine's pool, at its fullest") -> Figure:
+        """The learner's pool at its fullest: each block coloured by the chats that hold it."""
+        if self.fullest is None:
+            raise ValueError("no step ran: nothing to draw")
+        owners: dict[int, list[str]] = {}
+        for seq in self.fullest.running:
+            for block in seq.block_ids:
+                owners.setdefault(block, []).append(f"chat {seq.request_id}")
+        return draw_pool(self.fullest.ref_cnt, owners, cached=self.fullest.cached, title=title)
+
 
 def compare(learner: LLM, package: LLM, conversations: list[Any], max_tokens: int = 24) -> Comparison:
-    """Both engines answer ``conversations`` (greedy, at most ``max_tokens`` each)."""
+    """Both engines answer ``conversations`` (greedy, at most ``max_tokens`` each). While the
+    learner's engine runs, an observer (:meth:`LLM.subscribe`) keeps its pool summary after the
+    step with the fewest free blocks: it reads what the engine shows and changes nothing."""
+    fullest: list[PoolSummary] = []
+
+    def keep_fullest(step: StepOutput) -> None:
+        pool = learner.pool_summary()
+        if not fullest or pool.num_free_blocks < fullest[0].num_free_blocks:
+            fullest[:] = [pool]
+
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    yours = [list(o.outputs[0].token_ids) for o in learner.chat(conversations, params, use_tqdm=False)]
+    learner.subscribe(keep_fullest)
+    try:
+        yours = [list(o.outputs[0].token_ids) for o in learner.chat(conversations, params, use_tqdm=False)]
+    finally:
+        learner.unsubscribe(keep_fullest)
     theirs = [list(o.outputs[0].token_ids) for o in package.chat(conversations, params, use_tqdm=False)]
-    return Comparison(yours, theirs)
+    return Comparison(yours, theirs, fullest[0] if fullest else None)
