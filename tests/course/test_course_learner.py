@@ -111,3 +111,36 @@ def test_the_command_writes_the_copy(tmp_path, capsys):
     main(["course", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert "files written to" in out and (tmp_path / "out" / "notebooks" / "05_scheduler.ipynb").exists()
+
+
+@pytest.mark.slow
+def test_the_copy_filled_with_the_solutions_passes_and_serves_real_chats_as_the_engine_does(tmp_path):
+    """A learner who wrote every stage: in a fresh process, inside the copy, every check passes and
+    their engine, every piece theirs, answers real chats with the package engine's tokens (fp32)."""
+    out = tmp_path / "my-course"
+    make_learner_copy(out)
+    for solution in (ROOT / "tests" / "course" / "my_engine_solutions" / "my_engine").glob("*.py"):
+        (out / "my_engine" / solution.name).write_text(solution.read_text(encoding="utf-8"), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    checks = subprocess.run(
+        [sys.executable, "-m", "exercises", "my_engine"], cwd=out, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert checks.returncode == 0, checks.stdout + checks.stderr
+    assert checks.stdout.count("core done; stretch") == 7
+    assert "FAIL" not in checks.stdout and "TODO" not in checks.stdout
+    script = """
+from minipaged import LLM
+from minipaged.course.my_engine.serving import compare, learner_engine
+kw = dict(dtype="float32", enable_prefix_caching=True, num_kvcache_blocks=6, max_num_batched_tokens=64)
+mine = learner_engine("smollm2-135m-instruct", **kw)
+assert not mine.pieces.package, mine.pieces.report()
+chats = [[{"role": "user", "content": q}] for q in ("What is paged memory?", "Name two colours.")]
+result = compare(mine, LLM("smollm2-135m-instruct", **kw), chats, max_tokens=12)
+assert result.first_difference is None, result
+print("served", sum(map(len, result.yours)), "tokens; calls:", sorted(mine.pieces.calls))
+"""
+    served = subprocess.run(
+        [sys.executable, "-c", script], cwd=out / "notebooks", env=env, capture_output=True, text=True, timeout=600
+    )
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert served.stdout.startswith("served ") and "paged_decode_attention" in served.stdout  # EOS may end one early
