@@ -118,6 +118,7 @@ class LLM:
         self._step = 0
         self.failed_request_ids: list[int] = []  # the requests of the last step that raised
         self.observers: list[Callable[[StepOutput], None]] = []  # called with every step's output
+        self._pool_observers: list[Callable[[StepOutput], None]] = []  # those that want the pool in it
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt: inputs.Prompt, params: SamplingParams | None = None) -> int:
@@ -168,11 +169,11 @@ class LLM:
         """
         return self.engine_step().outputs
 
-    def engine_step(self, outputs: bool = True) -> StepOutput:
+    def engine_step(self, outputs: bool = True, pool: bool = False) -> StepOutput:
         """One step, its three records handed one way; returns its :class:`StepOutput` (with the
-        :class:`RequestOutput` s :meth:`step` returns unless ``outputs=False``) and hands it to
-        every subscribed observer. The rollback that makes a failed step leave no trace is here
-        (see :meth:`step`)."""
+        :class:`RequestOutput` s :meth:`step` returns unless ``outputs=False``, and the pool it
+        left with ``pool=True`` or for an observer that asked) and hands it to every subscribed
+        observer. The rollback that makes a failed step leave no trace is here (see :meth:`step`)."""
         start = time.perf_counter()
         try:
             scheduled = self.scheduler.schedule()
@@ -198,6 +199,8 @@ class LLM:
             {"schedule": mid - start, "execute": executed - mid, **ran.seconds, "update": end - executed,
              "total": end - start},
         )  # fmt: skip
+        if pool or self._pool_observers:
+            out.pool = self.pool_summary()
         for observer in list(self.observers):
             observer(out)
         return out
@@ -208,12 +211,17 @@ class LLM:
         out = self.engine_step(outputs=False)
         return out.scheduler_output, out
 
-    def subscribe(self, observer: Callable[[StepOutput], None]) -> None:
-        """Call ``observer`` with every step's :class:`StepOutput` (until :meth:`unsubscribe`)."""
+    def subscribe(self, observer: Callable[[StepOutput], None], pool: bool = False) -> None:
+        """Call ``observer`` with every step's :class:`StepOutput` (until :meth:`unsubscribe`);
+        with ``pool=True`` its ``pool`` holds the pool the step left."""
         self.observers.append(observer)
+        if pool:
+            self._pool_observers.append(observer)
 
     def unsubscribe(self, observer: Callable[[StepOutput], None]) -> None:
         self.observers.remove(observer)
+        if observer in self._pool_observers:
+            self._pool_observers.remove(observer)
 
     @property
     def num_steps(self) -> int:

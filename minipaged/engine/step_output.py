@@ -11,7 +11,9 @@ One step, one way (vLLM V1's ``EngineCore.step``)::
 
 Observers (the drawings, the server's projector, the step timer, the paper's recorders) read
 this record and the public figures (``kv_stats()``, ``pool_summary()``): none of them steps the
-engine on its own behalf, patches it, or reads the scheduler's queues.
+engine on its own behalf, patches it, or reads the scheduler's queues. The pool as the step left
+it rides in the record itself (``pool``) when a caller or an observer asks for it: it copies
+every block's ``ref_cnt``, so a step that nobody draws does not pay for it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 from minipaged.engine.decisions import Decision
 from minipaged.engine.outputs import RequestOutput
+from minipaged.engine.pool_summary import PoolSummary
 from minipaged.engine.runner_output import ModelRunnerOutput
 from minipaged.engine.scheduler_output import SchedulerOutput
 
@@ -37,6 +40,8 @@ class StepOutput:
     step's K/V were written and before anything was freed (the memory a step holds at its
     fullest; filled while an observer is subscribed). ``seconds``: ``schedule``, ``execute``
     (the runner's ``prepare``, ``forward``, ``attention`` inside it, ``sample``), ``update``, ``total``.
+    ``pool``: :meth:`LLM.pool_summary <minipaged.engine.llm.LLM.pool_summary>` once the step is
+    over (filled when ``engine_step(pool=True)`` or an observer subscribed with ``pool=True``).
     """
 
     step: int
@@ -52,6 +57,7 @@ class StepOutput:
     num_running_requests: int = 0
     kv_stats_at_peak: dict | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    pool: PoolSummary | None = None
 
     @property
     def num_sampled(self) -> int:

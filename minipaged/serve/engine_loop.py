@@ -166,7 +166,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
-            out = self.llm.engine_step()
+            out = self.llm.engine_step(pool=True)
         except Exception as e:  # one bad step fails its own requests, never the server
             log.exception("engine step %d failed", self.num_steps)
             self.live.totals["failed_steps"] += 1
@@ -199,7 +199,8 @@ class EngineLoop:
                 self.live.totals["requests_finished"] += 1
             self._outbox.append((sub, request))
         self.num_running_requests = out.num_running_requests
-        self.live.observe(take_snapshot(out, self.llm.pool_summary()), new_tokens, now)
+        assert out.pool is not None  # asked for
+        self.live.observe(take_snapshot(out, out.pool), new_tokens, now)
 
     def _fail(self, sub: Submission, error: APIError) -> None:
         sub.done = True

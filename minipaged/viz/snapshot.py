@@ -1,11 +1,11 @@
 """One engine step, recorded for drawing: what it scheduled, and the queues and pool it left.
 
 :meth:`LLM.step` returns only the step's :class:`RequestOutput` s, as vLLM's does. A drawing is
-built from what a step hands back (its :class:`~minipaged.engine.step_output.StepOutput`) and
-the pool as the engine shows it (:meth:`LLM.pool_summary`), never from the engine's insides::
+built from what a step hands back (its :class:`~minipaged.engine.step_output.StepOutput`, with
+the pool as the step left it, :meth:`LLM.pool_summary`), never from the engine's insides::
 
-    out = llm.engine_step()                       # the step, as LLM.step runs it
-    snap = take_snapshot(out, llm.pool_summary())  # a StepSnapshot of it
+    out = llm.engine_step(pool=True)              # the step, as LLM.step runs it, and the pool it left
+    snap = take_snapshot(out, out.pool)           # a StepSnapshot of it
     snap = step_snapshot(llm)                     # the same two lines, for a notebook
     snap.scheduled              # [{seq_id, request_id, kind, num_tokens, num_computed_tokens}] per sequence run
     snap.block_tables           # {seq_id: [physical block ids]} of every running sequence
@@ -94,4 +94,6 @@ def step_snapshot(llm: LLM) -> StepSnapshot:
     """Step ``llm`` once (:meth:`LLM.engine_step`, rollback on failure included) and snapshot
     the step from what it handed back and the pool it left. ``outputs`` are the requests that
     got a token, by request id; beam searches report through :meth:`LLM.beam_search`, not per step."""
-    return take_snapshot(llm.engine_step(), llm.pool_summary())
+    out = llm.engine_step(pool=True)
+    assert out.pool is not None  # asked for
+    return take_snapshot(out, out.pool)

@@ -48,6 +48,26 @@ def test_observers_subscribe_and_see_the_peak_before_anything_is_freed():
     assert pool.running == [] and pool.num_free_blocks == 16 and len(pool.ref_cnt) == 16
 
 
+def test_the_pool_a_step_left_rides_in_its_record_when_asked_for():
+    llm, twin = LLM(num_kvcache_blocks=16, block_size=4), LLM(num_kvcache_blocks=16, block_size=4)
+    for engine in (llm, twin):
+        engine.add_request([1, 2, 3, 4, 5], GREEDY)
+    assert twin.engine_step().pool is None  # nobody asked: no copy of the pool
+    out = llm.engine_step(pool=True)
+    assert out.pool == llm.pool_summary() and out.pool.ref_cnt[:2] == [1, 1] and out.pool.num_free_blocks == 14
+    pools: list = []
+
+    def keep(step: StepOutput) -> None:
+        pools.append(step.pool)
+
+    llm.subscribe(keep, pool=True)
+    llm.engine_step()
+    llm.unsubscribe(keep)
+    llm.engine_step()
+    assert len(pools) == 1 and pools[0].running[0].num_computed_tokens == 6
+    assert llm.engine_step().pool is None  # the observer that wanted it is gone
+
+
 def test_a_sample_group_decides_without_changing_its_sequence():
     group = SampleGroup(0, None, [1, 2, 3], SamplingParams(temperature=0, max_tokens=1), block_size=4)
     seq = group.seqs[0]

@@ -179,17 +179,17 @@ class Comparison:
 
 def compare(learner: LLM, package: LLM, conversations: list[Any], max_tokens: int = 24) -> Comparison:
     """Both engines answer ``conversations`` (greedy, at most ``max_tokens`` each). While the
-    learner's engine runs, an observer (:meth:`LLM.subscribe`) keeps its pool summary after the
-    step with the fewest free blocks: it reads what the engine shows and changes nothing."""
+    learner's engine runs, an observer (:meth:`LLM.subscribe`, asking for the pool) keeps the
+    pool each step left, when it has fewer free blocks than any before: it reads what the step
+    hands back and changes nothing."""
     fullest: list[PoolSummary] = []
 
     def keep_fullest(step: StepOutput) -> None:
-        pool = learner.pool_summary()
-        if not fullest or pool.num_free_blocks < fullest[0].num_free_blocks:
-            fullest[:] = [pool]
+        if step.pool is not None and (not fullest or step.pool.num_free_blocks < fullest[0].num_free_blocks):
+            fullest[:] = [step.pool]
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    learner.subscribe(keep_fullest)
+    learner.subscribe(keep_fullest, pool=True)
     try:
         yours = [list(o.outputs[0].token_ids) for o in learner.chat(conversations, params, use_tqdm=False)]
     finally:
