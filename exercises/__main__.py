@@ -83,8 +83,12 @@ def _my_engine_summary(root: Path) -> bool:
     if not (root / my_engine.PACKAGE).is_dir():
         print(f"(no {my_engine.PACKAGE}/ here: `python -m minipaged course OUT` writes a copy with one)\n")
         return True
+    from minipaged.course.my_engine.serving import PIECES, whose_pieces
+
     results = {stage: my_engine.run(stage, root=root) for stage in my_engine.STAGES}
     print(my_engine.summary(results))
+    yours = whose_pieces(results).yours
+    print(f"Your engine: {len(yours)} of the engine's {len(PIECES)} pieces are yours (python -m exercises serve)")
     print("One stage of your engine in detail: python -m exercises my_engine 3\n")
     return all(r.status == "pass" for rs in results.values() for r in rs)
 

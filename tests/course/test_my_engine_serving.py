@@ -103,6 +103,15 @@ def test_exercises_serve_puts_the_learners_engine_behind_the_classroom_server(mo
         assert s.llm.pieces.calls["schedule"] > 0 and s.llm.pieces.calls["paged_decode_attention"] > 0
 
 
+def test_the_report_counts_the_pieces_that_are_yours(capsys):
+    from exercises.__main__ import _my_engine_summary
+
+    _my_engine_summary(SOLUTIONS)
+    _my_engine_summary(ROOT)
+    out = capsys.readouterr().out
+    assert "Your engine: 9 of the engine's 9 pieces are yours" in out and "Your engine: 0 of the engine's 9" in out
+
+
 def test_exercises_serve_without_my_engine_says_how_to_get_one(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert exercises_main(["serve", "--copy-model"]) == 2
