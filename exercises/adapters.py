@@ -25,7 +25,9 @@ from minipaged.engine.batch import ScheduledBatch
 from minipaged.engine.kv_manager import PagedKVManager
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.sequence import Sequence
-from minipaged.kv.block_pool import KVBlockPool, KVCacheBlock
+from minipaged.kv.block_pool import KVBlockPool
+from minipaged.kv.cached_blocks import CachedBlocks
+from minipaged.kv.kv_cache_block import KVCacheBlock
 from minipaged.kv.prefix_cache import PrefixIndex
 
 
@@ -63,12 +65,13 @@ def _block_id(block: KVCacheBlock | int) -> int:
 class LearnerPool:
     """Stage 1's pool under the engine's block pool interface (:class:`KVBlockPool`), prefix
     caching included: a cached free block is revived by taking it out of your free list, and
-    evicted when your ``allocate`` hands it out again."""
+    evicted from ``cached_blocks`` (the map the prefix cache publishes into) when your
+    ``allocate`` hands it out again."""
 
     def __init__(self, pool: Stage1Pool, num_blocks: int, calls: Counter) -> None:
         self.pool, self.calls, self.num_blocks = pool, calls, num_blocks
         self.blocks = [_BlockView(pool, i) for i in range(num_blocks)]
-        self.evicted: list[tuple[KVCacheBlock, int]] = []  # cached blocks handed out again, read by the prefix cache
+        self.cached_blocks = CachedBlocks()
 
     @property
     def num_free_blocks(self) -> int:
@@ -84,8 +87,7 @@ class LearnerPool:
         blocks: list[KVCacheBlock] = [self.blocks[i] for i in self.pool.allocate(n)]
         for block in blocks:
             if block.block_hash is not None:
-                self.evicted.append((block, block.block_hash))
-                block.block_hash = None
+                self.cached_blocks.evict(block)
         return blocks
 
     def free(self, blocks: Iterable[KVCacheBlock | int]) -> None:

@@ -11,9 +11,10 @@ from minipaged.engine.beam_search import BeamSearchOutput, BeamSearchSequence
 from minipaged.engine.llm import LLM
 from minipaged.engine.outputs import CompletionOutput, RequestOutput
 from minipaged.engine.sampling_params import BeamSearchParams, SamplingParams
-from minipaged.kv.block_pool import BlockPool, KVCacheBlock, NoFreeBlocksError
+from minipaged.kv.block_pool import BlockPool, NoFreeBlocksError
 from minipaged.kv.block_table import BlockTable
 from minipaged.kv.contiguous import ContiguousKVCache, FirstFitArena
+from minipaged.kv.kv_cache_block import KVCacheBlock
 from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.kv.prefix_cache import PrefixCache
 from minipaged.model.loader import load_model

@@ -174,13 +174,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from minipaged.demo import main as demo
+    from minipaged.cli.demo import main as demo
 
     demo(args)
 
 
 def _chat(args: argparse.Namespace) -> None:
-    from minipaged.chat import main as chat
+    from minipaged.cli.chat import main as chat
 
     chat(args)
 

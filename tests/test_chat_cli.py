@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.chat import ChatSession, figure
+from minipaged.cli.chat import ChatSession, figure
 from minipaged.engine.outputs import CompletionOutput, RequestOutput
 
 FIGURE = re.compile(r"\[(stopped; )?(\d+) prompt tokens, (\d+) from the prefix cache\]")

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from minipaged.__main__ import main
-from minipaged.demo import QUESTIONS, kv_waste
+from minipaged.cli.demo import QUESTIONS, kv_waste
 from minipaged.engine.outputs import CompletionOutput, RequestOutput
 
 

@@ -22,5 +22,7 @@
   :mod:`.stop_checker` (the stop rules), :mod:`.step_transaction` (what a step changed, until it
   commits or rolls back), :mod:`.sequence` (a sequence's tokens), :mod:`.sampling_params`,
   :mod:`.inputs` (prompts checked) and :mod:`.limits`, :mod:`.outputs` (what is handed back),
-  :mod:`.logprobs`, :mod:`.messages`, :mod:`.config`, :mod:`.plugins` (the learner's seams).
+  :mod:`.logprobs`, :mod:`.messages`, :mod:`.config`, :mod:`.plugins` (the learner's seams);
+- :mod:`.static_generate`, the static-batch runner of stages 0-3 (no scheduler, no requests):
+  it uses none of the modules above, and none of them uses it.
 """

@@ -18,7 +18,8 @@ from collections.abc import Sequence as Seq
 from minipaged.engine.prefix_hit import PrefixHit
 from minipaged.engine.sequence import Sequence
 from minipaged.engine.step_transaction import StepTransaction
-from minipaged.kv.block_pool import BlockPool, KVBlockPool, KVCacheBlock, fork_blocks
+from minipaged.kv.block_pool import BlockPool, KVBlockPool, fork_blocks
+from minipaged.kv.kv_cache_block import KVCacheBlock
 from minipaged.kv.prefix_cache import PrefixCache, PrefixIndex, chain_hashes, copy_on_write
 from minipaged.utils import cdiv
 

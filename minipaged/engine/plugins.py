@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from minipaged.attention.backends import AttentionBackend
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.scheduler_output import SchedulerOutput
-from minipaged.kv.block_pool import BlockPool, KVBlockPool, KVCacheBlock, fork_blocks
+from minipaged.kv.block_pool import BlockPool, KVBlockPool, fork_blocks
+from minipaged.kv.kv_cache_block import KVCacheBlock
 from minipaged.kv.prefix_cache import PrefixIndex, chain_hashes, copy_on_write
 from minipaged.kv.slot_mapping import SlotMappingFn, build_slot_mapping
 

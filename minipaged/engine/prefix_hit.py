@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minipaged.kv.block_pool import KVCacheBlock
+from minipaged.kv.kv_cache_block import KVCacheBlock
 
 
 @dataclass

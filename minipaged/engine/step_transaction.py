@@ -35,8 +35,9 @@ import torch
 from minipaged.engine.prefix_hit import PrefixHit
 from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.engine.sequence import Sequence
-from minipaged.kv.block_pool import KVCacheBlock
-from minipaged.kv.prefix_cache import CachedEntry, PrefixCache, PrefixIndex
+from minipaged.kv.cached_blocks import CachedEntry
+from minipaged.kv.kv_cache_block import KVCacheBlock
+from minipaged.kv.prefix_cache import PrefixCache, PrefixIndex
 
 
 @dataclass

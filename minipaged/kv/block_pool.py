@@ -5,14 +5,21 @@ users in ``ref_cnt`` (several sequences may share one block). Blocks nobody uses
 :class:`FreeBlockQueue`, a doubly linked list: allocation pops the least recently freed block
 from the front, freeing appends at the back, and stage 6 (prefix caching) can pull a cached
 block out of the middle in O(1) when a new request hits it.
+
+The pool also owns stage 6's map of cached blocks, as vLLM's ``BlockPool`` owns
+``cached_block_hash_to_block`` (:class:`~minipaged.kv.cached_blocks.CachedBlocks`): when
+allocation reuses a free block that still holds a cached prefix, the pool evicts it from the
+map itself. The prefix cache writes the map and reads it; the pool calls nothing above it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
+
+from minipaged.kv.cached_blocks import CachedBlocks
+from minipaged.kv.kv_cache_block import KVCacheBlock
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -21,18 +28,6 @@ class NoFreeBlocksError(RuntimeError):
 
 class BlockPoolError(ValueError):
     """A misuse of the pool: freeing a free block, sharing a free block, a foreign block."""
-
-
-@dataclass(eq=False)  # identity, not field equality: two blocks are never "the same block"
-class KVCacheBlock:
-    """One physical block; ``block_hash`` is set by stage 6 while the block holds a cached prefix."""
-
-    block_id: int
-    ref_cnt: int = 0
-    block_hash: int | None = None
-    # Free-queue links; both None while the block is outside the queue.
-    prev_free_block: KVCacheBlock | None = field(default=None, repr=False)
-    next_free_block: KVCacheBlock | None = field(default=None, repr=False)
 
 
 class FreeBlockQueue:
@@ -100,14 +95,14 @@ class KVBlockPool(Protocol):
     """What the engine asks of a block pool (:class:`BlockPool` is the package's; the engine takes
     another through ``EnginePlugins.block_pool``, see :mod:`minipaged.engine.plugins`).
 
-    ``blocks[i]`` is block ``i`` (its ``ref_cnt`` and ``block_hash`` are read). When ``allocate``
-    hands out a free block that still carries a ``block_hash``, the pool clears the hash and
-    records ``(block, hash)`` in ``evicted``: the prefix cache reads that record (the pool calls
-    nobody).
+    ``blocks[i]`` is block ``i`` (its ``ref_cnt`` and ``block_hash`` are read). ``cached_blocks``
+    is the pool's map of cached blocks, which the prefix cache writes: when ``allocate`` hands out
+    a free block that still carries a ``block_hash``, the pool evicts it there
+    (``cached_blocks.evict(block)``, which clears the hash) before handing it out.
     """
 
     num_blocks: int
-    evicted: list[tuple[KVCacheBlock, int]]
+    cached_blocks: CachedBlocks
 
     @property
     def blocks(self) -> Sequence[KVCacheBlock]: ...
@@ -132,11 +127,12 @@ def fork_blocks(pool: KVBlockPool, block_ids: list[int]) -> list[int]:
 class BlockPool:
     """``num_blocks`` physical blocks, handed out and taken back by reference count.
 
-    ``evicted`` is the stage 6 seam: when allocation reuses a free block that still carries a
-    ``block_hash`` (a cached prefix nobody uses), the pool clears the hash and records the
-    eviction there, ``(block, the hash it held)``, in order. The prefix cache reads the record
-    before it answers anything (:class:`~minipaged.kv.prefix_cache.PrefixCache`): the pool owns
-    eviction and calls nothing above it. This stage never sets a hash itself.
+    ``cached_blocks`` is the stage 6 seam, the map ``block_hash -> block`` that the prefix cache
+    (:class:`~minipaged.kv.prefix_cache.PrefixCache`) publishes full blocks into. The pool owns
+    eviction: when allocation reuses a free block that still carries a ``block_hash`` (a cached
+    prefix nobody uses), it evicts the block from that map before handing it out
+    (:meth:`_maybe_evict_cached_block`), so the map never holds a block the pool gave away. This
+    stage never sets a hash itself.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -145,7 +141,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        self.evicted: list[tuple[KVCacheBlock, int]] = []  # (block, the hash it held), for stage 6 to read
+        self.cached_blocks = CachedBlocks()  # stage 6: block_hash -> cached block, filled by the prefix cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -168,11 +164,15 @@ class BlockPool:
             raise NoFreeBlocksError(f"asked for {n} blocks, only {self.num_free_blocks} free of {self.num_blocks}")
         blocks = [self.free_queue.popleft() for _ in range(n)]
         for block in blocks:
-            if block.block_hash is not None:  # stage 6: a reused block's cached content is gone
-                self.evicted.append((block, block.block_hash))  # recorded, for the prefix cache to read
-                block.block_hash = None
+            self._maybe_evict_cached_block(block)
             block.ref_cnt = 1
         return blocks
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> None:
+        """Stage 6: a block handed out for new tokens loses the cached prefix it held, if any
+        (vLLM's name): the pool's map forgets it and its hash is cleared."""
+        if block.block_hash is not None:
+            self.cached_blocks.evict(block)
 
     def free(self, blocks: Iterable[KVCacheBlock | int]) -> None:
         """Drop one reference to each block (given as blocks or ids); unused ones become free.

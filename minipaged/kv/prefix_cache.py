@@ -4,10 +4,12 @@ A full block is named by a hash that chains its parent block's hash with its own
 (and an optional extra key, e.g. a LoRA or image id), so equal hashes mean equal prefixes up
 to and including that block. Hashes are blake2b digests, stable across processes.
 
-A freed block whose ``ref_cnt`` drops to 0 keeps its hash and waits in the pool's LRU free
-queue: a later request can revive it (a hit) until allocation takes it for new tokens and drops
-the hash (an eviction, which the pool records in ``pool.evicted`` and the cache reads: nothing
-points up from the pool).
+The map ``block_hash -> block`` lives in the block pool, as vLLM's ``BlockPool`` owns
+``cached_block_hash_to_block`` (:class:`~minipaged.kv.cached_blocks.CachedBlocks`); this module
+keeps the rules over it: what may be published, and what a lookup hits. A freed block whose
+``ref_cnt`` drops to 0 keeps its hash and waits in the pool's LRU free queue: a later request can
+revive it (a hit) until allocation takes it for new tokens, and the pool evicts it from its map
+in the same call (nothing points up from the pool).
 
 A hash collision costs a miss, never wrong K/V: each cached block also keeps its own token ids
 and a link to the entry of the block before it in the sequence that computed it. A hit must
@@ -23,7 +25,9 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from minipaged.kv.block_pool import KVBlockPool, KVCacheBlock
+from minipaged.kv.block_pool import KVBlockPool
+from minipaged.kv.cached_blocks import CachedEntry
+from minipaged.kv.kv_cache_block import KVCacheBlock
 
 ROOT_HASH = 0  # the parent of a sequence's first block
 
@@ -47,18 +51,6 @@ def chain_hashes(
         parent = hashes[-1] if hashes else ROOT_HASH
         hashes.append(hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra_key))
     return hashes
-
-
-@dataclass(frozen=True, eq=False)
-class CachedEntry:
-    """What a cached block holds: its tokens, after the tokens of ``parent`` (None: first block).
-
-    Compared by identity: an entry is made once, when its block is published, so a block that
-    is evicted and published again gets a new entry, and its old children no longer match it.
-    """
-
-    token_ids: tuple[int, ...]
-    parent: CachedEntry | None
 
 
 @dataclass(eq=False)
@@ -121,73 +113,38 @@ class PrefixIndex:
 
 
 class PrefixCache(PrefixIndex):
-    """The map ``block_hash -> block`` over a :class:`BlockPool`, and an eviction counter.
+    """The prefix cache's rules over a :class:`BlockPool`'s map of cached blocks (``pool.cached_blocks``).
 
-    The pool owns eviction: when it hands a cached free block out again it clears the block's
-    hash and records ``(block, hash)`` in ``pool.evicted``. The cache reads that record before it
-    answers anything (:meth:`sync`), so it never holds a block the pool gave away, and the pool
-    never calls up into the cache.
+    The pool owns the map and eviction: when it hands a cached free block out again it evicts
+    the block from the map in the same call, so the map never holds a block the pool gave away,
+    and the pool never calls up into the cache. The cache publishes into the map
+    (:meth:`insert`) and reads it (:meth:`find`, :meth:`lookup`): ``blocks``, ``entries``,
+    ``copies`` and ``num_evictions`` are the map's.
     """
 
     def __init__(self, pool: KVBlockPool) -> None:
         self.pool = pool
-        self._blocks: dict[int, KVCacheBlock] = {}  # block_hash -> the copy a lookup hands out
-        self._entries: dict[int, CachedEntry] = {}  # block_id -> what the cached block holds
-        self._copies: dict[int, list[KVCacheBlock]] = {}  # block_hash -> further copies, in order
-        self._num_evictions = 0
-
-    def sync(self) -> None:
-        """Forget what the pool evicted since the last read (its ``evicted`` record, consumed)."""
-        evicted = self.pool.evicted
-        for block, block_hash in evicted:
-            self._remove(block, block_hash)
-            self._num_evictions += 1
-        evicted.clear()
 
     @property
-    def blocks(self) -> dict[int, KVCacheBlock]:  # type: ignore[override]  # read-only: the cache writes _blocks
-        self.sync()
-        return self._blocks
+    def blocks(self) -> dict[int, KVCacheBlock]:  # type: ignore[override]  # read-only: the map is the pool's
+        return self.pool.cached_blocks.blocks
 
     @property
-    def entries(self) -> dict[int, CachedEntry]:  # type: ignore[override]  # read-only: the cache writes _entries
-        self.sync()
-        return self._entries
+    def entries(self) -> dict[int, CachedEntry]:  # type: ignore[override]  # read-only: the map is the pool's
+        return self.pool.cached_blocks.entries
 
     @property
     def copies(self) -> dict[int, list[KVCacheBlock]]:
-        self.sync()
-        return self._copies
+        return self.pool.cached_blocks.copies
 
     @property
     def num_evictions(self) -> int:
         """Cached blocks the pool handed out again for other content."""
-        self.sync()
-        return self._num_evictions
+        return self.pool.cached_blocks.num_evictions
 
     def evict(self, block: KVCacheBlock) -> None:
-        """Forget ``block``'s cached content now, as when the pool hands it out again (its hash is
-        left for the pool to clear)."""
-        self.sync()
-        if block.block_hash is None:
-            self._entries.pop(block.block_id, None)
-            return
-        self._remove(block, block.block_hash)
-        self._num_evictions += 1
-
-    def _remove(self, block: KVCacheBlock, h: int) -> None:
-        """``block`` no longer holds its cached content ``h``; a further copy, if any, takes its place."""
-        self._entries.pop(block.block_id, None)
-        copies = self._copies.pop(h, [])
-        if self._blocks.get(h) is block:
-            if copies:
-                self._blocks[h] = copies.pop(0)
-            else:
-                del self._blocks[h]
-        elif block in copies:
-            copies.remove(block)
-        if copies:
-            self._copies[h] = copies
+        """Forget ``block``'s cached content now, as the pool does when it hands the block out again."""
+        self.pool.cached_blocks.evict(block)
 
     def lookup(self, hashes: Sequence[int], token_ids: Sequence[int], block_size: int) -> list[KVCacheBlock]:
         """:meth:`find`, each hit taken (``ref_cnt + 1``, revived if it was free)."""
@@ -216,12 +173,7 @@ class PrefixCache(PrefixIndex):
         entry = self.entry_for(block_hash, token_ids, parent)
         if entry is None:
             return False
-        block.block_hash = block_hash
-        self._entries[block.block_id] = entry
-        if block_hash in self._blocks:
-            self._copies.setdefault(block_hash, []).append(block)
-        else:
-            self._blocks[block_hash] = block
+        self.pool.cached_blocks.add(block, block_hash, entry)
         return True
 
     def reset(self) -> bool:
@@ -230,12 +182,7 @@ class PrefixCache(PrefixIndex):
         it reads. Returns True once the cache is empty."""
         if self.pool.num_used_blocks:
             return False
-        self.sync()
-        for block in self.pool.blocks:
-            block.block_hash = None
-        self._blocks.clear()
-        self._entries.clear()
-        self._copies.clear()
+        self.pool.cached_blocks.clear()
         return True
 
     def __len__(self) -> int:

@@ -34,7 +34,8 @@ import pytest
 from conformance_kit import engine, greedy, make_llm
 
 import minipaged
-from minipaged.kv.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
+from minipaged.kv.block_pool import BlockPool, FreeBlockQueue
+from minipaged.kv.kv_cache_block import KVCacheBlock
 from minipaged.kv.prefix_cache import ROOT_HASH, chain_hashes, hash_block
 
 # ---- KVCacheBlock and FreeBlockQueue ---------------------------------------------------------

@@ -7,7 +7,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from minipaged.kv.block_pool import BlockPool, BlockPoolError, FreeBlockQueue, KVCacheBlock, NoFreeBlocksError
+from minipaged.kv.block_pool import BlockPool, BlockPoolError, FreeBlockQueue, NoFreeBlocksError
+from minipaged.kv.cached_blocks import CachedEntry
+from minipaged.kv.kv_cache_block import KVCacheBlock
 
 
 def snapshot(pool: BlockPool) -> tuple:
@@ -165,18 +167,22 @@ def test_check_invariants_catches_corruption():
         pool.check_invariants()
 
 
-def test_eviction_is_recorded_for_prefix_caching():
+def test_the_pool_evicts_a_reused_cached_block_from_its_map():
     pool = BlockPool(3)
     blocks = pool.allocate(2)
-    blocks[0].block_hash = 1234  # as stage 6 would mark a full, cached block
+    entry = CachedEntry((1, 2), None)
+    pool.cached_blocks.add(blocks[0], 1234, entry)  # as stage 6 publishes a full block
+    assert blocks[0].block_hash == 1234 and pool.cached_blocks.blocks == {1234: blocks[0]}
     pool.free(blocks)  # queue: 2, 1, 0
     pool.touch(pool.blocks[1])  # a cache hit revives a free block from the middle
     assert pool.blocks[1].ref_cnt == 1 and [b.block_id for b in pool.free_queue] == [2, 0]
     pool.touch(pool.blocks[1])
     assert pool.blocks[1].ref_cnt == 2
-    assert pool.evicted == []
+    assert pool.cached_blocks.num_evictions == 0 and pool.cached_blocks.entries == {0: entry}
     pool.allocate(2)  # takes block 2, then block 0, which still holds hash 1234
-    assert pool.evicted == [(pool.blocks[0], 1234)] and pool.blocks[0].block_hash is None
+    cached = pool.cached_blocks
+    assert cached.blocks == {} and cached.entries == {} and cached.num_evictions == 1
+    assert pool.blocks[0].block_hash is None
     pool.check_invariants()
 
 

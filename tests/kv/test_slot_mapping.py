@@ -7,11 +7,11 @@ import torch
 
 from minipaged.attention import reference
 from minipaged.attention.reference import store_kvcache
+from minipaged.engine.static_generate import greedy_generate
 from minipaged.kv.block_table import padded_block_tables
 from minipaged.kv.paged_cache import PagedKVCache
 from minipaged.kv.slot_mapping import build_slot_mapping, slots_for
 from minipaged.model import load_model
-from minipaged.static_generate import greedy_generate
 from minipaged.tiny.task import prompt_for
 
 

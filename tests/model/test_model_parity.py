@@ -9,8 +9,8 @@ import torch
 from modelkit import make_hf_model, random_prompts
 
 from minipaged.attention.cache_attention import RecomputeAttention
+from minipaged.engine.static_generate import greedy_generate
 from minipaged.model import load_model
-from minipaged.static_generate import greedy_generate
 
 
 def logits(model, prompt: list[int]) -> torch.Tensor:

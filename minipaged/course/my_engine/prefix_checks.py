@@ -32,21 +32,16 @@ def _stage6_hashes(m: ModuleType) -> None:
 def _hooked_pool(num_blocks: int) -> Any:
     """The package's pool with the seam my_engine's stage 1 pool has: ``pool.on_evict(block)`` is
     called, the block's ``block_hash`` still set, for each cached block that allocation reuses (the
-    package's own pool records these in ``evicted`` instead, for its prefix cache to read)."""
+    package's own pool evicts these from its own map, ``cached_blocks``, instead)."""
     from minipaged.kv.block_pool import BlockPool
 
     class HookedPool(BlockPool):
         on_evict: Any = None
 
-        def allocate(self, n: int) -> list[Any]:
-            seen = len(self.evicted)
-            blocks = super().allocate(n)
-            for block, block_hash in self.evicted[seen:]:
-                if self.on_evict is not None:
-                    block.block_hash = block_hash  # as the learner's evict(block) sees it
-                    self.on_evict(block)
-                    block.block_hash = None
-            return blocks
+        def _maybe_evict_cached_block(self, block: Any) -> None:
+            if self.on_evict is not None and block.block_hash is not None:
+                self.on_evict(block)  # before the pool clears the hash, as the learner's evict(block) sees it
+            super()._maybe_evict_cached_block(block)
 
     return HookedPool(num_blocks)
 
