@@ -84,8 +84,16 @@ TERMS: tuple[Variant, ...] = (
         "预知方案",
     ),
     Variant(r"屏蔽", "掩码（加掩码、被掩码遮住）", "mask 只用一个词：掩码", "屏蔽尾部的槽位", "掩码"),
-    Variant(r"自带的?(?:小)?模型", "内置模型", "embedded model 只用一个词：内置模型", "用自带的小模型跑一遍", "内置模型"),
-    Variant(r"空闲链表", "空闲列表（free list）或空闲队列（free queue）", "free list 译作空闲列表", "打乱空闲链表", "空闲列表"),
+    Variant(
+        r"自带的?(?:小)?模型", "内置模型", "embedded model 只用一个词：内置模型", "用自带的小模型跑一遍", "内置模型"
+    ),
+    Variant(
+        r"空闲链表",
+        "空闲列表（free list）或空闲队列（free queue）",
+        "free list 译作空闲列表",
+        "打乱空闲链表",
+        "空闲列表",
+    ),
 )
 
 CALQUES: tuple[Variant, ...] = (

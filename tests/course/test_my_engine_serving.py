@@ -116,3 +116,35 @@ def test_exercises_serve_without_my_engine_says_how_to_get_one(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert exercises_main(["serve", "--copy-model"]) == 2
     assert "python -m minipaged course OUT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tells", ["on_evict", "nothing, hash cleared", "nothing, hash kept"])
+def test_a_cached_block_the_learners_pool_hands_out_leaves_the_map(tells):
+    """However the learner's pool treats a cached block it hands out again, the engine's map of
+    cached blocks forgets it (else a later prompt would hit a block holding other tokens)."""
+    from collections import Counter
+
+    from minipaged.course import my_engine
+    from minipaged.course.my_engine.seams import LearnerPool
+    from minipaged.kv.prefix_cache import PrefixCache
+
+    stage1 = my_engine.load(1, SOLUTIONS)
+
+    class Pool(stage1.BlockPool):
+        def allocate(self, n):
+            blocks = [self.free_block_queue.popleft() for _ in range(n)]
+            for block in blocks:
+                if tells == "on_evict" and block.block_hash is not None:
+                    self.on_evict(block)
+                if tells != "nothing, hash kept":
+                    block.block_hash = None
+                block.ref_cnt = 1
+            return blocks
+
+    pool = LearnerPool(Pool(2), Counter())
+    cache = PrefixCache(pool)
+    [block] = pool.allocate(1)
+    assert cache.insert(block, 1234, [1, 2, 3, 4]) and cache.blocks == {1234: block}
+    pool.free([block])
+    assert pool.allocate(2)[1] is block  # the cached block, handed out again for other tokens
+    assert cache.blocks == {} and not cache.entries and cache.num_evictions == 1 and block.block_hash is None

@@ -6,7 +6,7 @@ module answers in its own stage's terms, and one adapter per seam translates:
 - :class:`LearnerPool` (``block_pool``): stage 1's ``BlockPool`` holds every block of the engine.
   The engine reads and sets its blocks' ``ref_cnt`` / ``block_hash`` and calls ``allocate``,
   ``free``, ``share``, ``touch``; when the learner's ``allocate`` hands out a cached block (its
-  ``on_evict`` seam), the engine's prefix cache hears of the eviction;
+  ``on_evict`` seam), the block leaves the pool's map of cached blocks;
 - :func:`learner_slot_mapping` (``slot_mapping``): stage 3's ``slot_mapping``, every step;
 - :class:`LearnerAttention` (``attention_backend``): stage 3's ``store_kv`` in every layer, its
   ``paged_decode_attention`` for steps of one new token per sequence and its
@@ -39,27 +39,30 @@ from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.engine.sequence import Sequence, Status
 from minipaged.kv.block_pool import KVCacheBlock, NoFreeBlocksError
+from minipaged.kv.cached_blocks import CachedBlocks
 from minipaged.kv.prefix_cache import PrefixIndex
 
 
 class LearnerPool:
     """Stage 1's pool as the engine's block pool (:class:`~minipaged.kv.block_pool.KVBlockPool`).
 
-    The learner's blocks are the engine's blocks: the prefix cache sets their ``block_hash``.
-    ``evicted`` is the engine's record of cached blocks handed out again: the learner's
-    ``on_evict`` writes it, and a cached block the learner's ``allocate`` hands out without
-    calling it is recorded too, so the cache never names a block that holds other tokens.
+    The learner's blocks are the engine's blocks: the prefix cache publishes them into
+    ``cached_blocks`` (the map ``block_hash -> block`` a pool owns) and sets their ``block_hash``.
+    When the learner's ``allocate`` hands out a cached block, its ``on_evict`` seam tells the map;
+    a cached block handed out without it is evicted here all the same, so the map never names a
+    block that holds other tokens.
     """
 
     def __init__(self, pool: Any, calls: Counter) -> None:
         self.pool, self.calls = pool, calls
         self.num_blocks = len(pool.blocks)
-        self.evicted: list[tuple[KVCacheBlock, int]] = []
-        pool.on_evict = self._on_evict
+        self.cached_blocks = CachedBlocks()
+        pool.on_evict = self._forget
 
-    def _on_evict(self, block: Any) -> None:
-        if block.block_hash is not None:
-            self.evicted.append((block, block.block_hash))
+    def _forget(self, block: Any) -> None:
+        if block.block_hash is None and block.block_id in self.cached_blocks.entries:  # cleared, not told
+            block.block_hash = next(h for h, b in self.cached_blocks.blocks.items() if b is block)
+        self.cached_blocks.evict(block)
 
     @property
     def blocks(self) -> Seq[KVCacheBlock]:
@@ -82,9 +85,8 @@ class LearnerPool:
             raise NoFreeBlocksError(f"asked for {n} blocks, only {self.pool.num_free_blocks} free")
         blocks = list(self.pool.allocate(n))
         for block in blocks:
-            if block.block_hash is not None:  # handed out still named: the cache must forget it
-                self.evicted.append((block, block.block_hash))
-                block.block_hash = None
+            if block.block_hash is not None or block.block_id in self.cached_blocks.entries:
+                self._forget(block)  # handed out still named: the cache must forget it
         return blocks
 
     def free(self, blocks: Iterable[KVCacheBlock | int]) -> None:
