@@ -71,6 +71,7 @@ def build_kv_layout(
     p = plugins or EnginePlugins()
     manager = PagedKVManager(
         num_blocks, bs, cfg.enable_prefix_caching, num_host_blocks, block_pool=p.block_pool,
-        block_hashes=p.block_hashes, prefix_lookup=p.prefix_lookup, copy_on_write=p.copy_on_write, fork=p.fork,
+        append_tokens=p.append_tokens, block_hashes=p.block_hashes, prefix_lookup=p.prefix_lookup,
+        copy_on_write=p.copy_on_write, fork=p.fork,
     )  # fmt: skip
     return KVLayout(manager, cache, PagedAttention(cache.k, cache.v, backend), host)

@@ -19,10 +19,12 @@ from minipaged.engine.prefix_hit import PrefixHit
 from minipaged.engine.sequence import Sequence
 from minipaged.engine.step_transaction import StepTransaction
 from minipaged.kv.block_pool import BlockPool, KVBlockPool, fork_blocks
+from minipaged.kv.block_table import BlockTable
 from minipaged.kv.kv_cache_block import KVCacheBlock
 from minipaged.kv.prefix_cache import PrefixCache, PrefixIndex, chain_hashes, copy_on_write
 from minipaged.utils import cdiv
 
+AppendTokensFn = Callable[[BlockTable, int, KVBlockPool], list[int]]
 BlockHashFn = Callable[[Seq[int], int, "list[int] | None", object], list[int]]
 PrefixLookupFn = Callable[[PrefixIndex, Seq[int], Seq[int], int], list[KVCacheBlock]]
 CopyOnWriteFn = Callable[[KVBlockPool, list[int], int], "tuple[int, int] | None"]
@@ -33,8 +35,8 @@ class PagedKVManager:
     """Blocks for sequences: prefix hits first, then one new block whenever the last one fills.
 
     With ``num_host_blocks`` a second pool in host memory takes preempted units' blocks (swap).
-    The pool, the block hashing, the prefix lookup, copy-on-write and fork are pieces a learner
-    may swap (:mod:`minipaged.engine.plugins` hands them in; default: the package's).
+    The pool, the tables' growth, the block hashing, the prefix lookup, copy-on-write and fork are
+    pieces a learner may swap (:mod:`minipaged.engine.plugins` hands them in; default: the package's).
     """
 
     can_fork = True
@@ -47,6 +49,7 @@ class PagedKVManager:
         num_host_blocks: int = 0,
         *,
         block_pool: Callable[[int], KVBlockPool] = BlockPool,
+        append_tokens: AppendTokensFn = BlockTable.append_tokens,
         block_hashes: BlockHashFn = chain_hashes,
         prefix_lookup: PrefixLookupFn = PrefixIndex.find,
         copy_on_write: CopyOnWriteFn = copy_on_write,
@@ -54,6 +57,7 @@ class PagedKVManager:
     ):
         self.block_size = self.table_block_size = block_size
         self.pool: KVBlockPool = block_pool(num_blocks)
+        self.append_tokens: AppendTokensFn = append_tokens
         self.hash_blocks: BlockHashFn = block_hashes
         self.prefix_lookup: PrefixLookupFn = prefix_lookup
         self.copy_on_write: CopyOnWriteFn = copy_on_write
@@ -151,7 +155,7 @@ class PagedKVManager:
             if copy is not None:
                 tx.batch.blocks_to_copy.append(copy)
                 self.num_cow_copies += 1
-        table.append_tokens(max(seq.num_computed_tokens + num_new_tokens - table.num_tokens, 0), self.pool)
+        self.append_tokens(table, max(seq.num_computed_tokens + num_new_tokens - table.num_tokens, 0), self.pool)
         self._stage(seq, seq.num_computed_tokens // self.block_size, table.num_tokens // self.block_size, tx)
 
     def _stage(self, seq: Sequence, first: int, end: int, tx: StepTransaction) -> None:

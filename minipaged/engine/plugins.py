@@ -7,6 +7,9 @@ plugged one replaces. The names are vLLM v1's.
 
 - ``block_pool`` (:class:`~minipaged.kv.block_pool.BlockPool`): called once, ``block_pool(num_blocks)``
   builds the pool, any :class:`~minipaged.kv.block_pool.KVBlockPool`;
+- ``append_tokens`` (:meth:`~minipaged.kv.block_table.BlockTable.append_tokens`): whenever a
+  sequence's step brings tokens, ``(block_table, num_new_tokens, pool)`` grows the table (a new
+  block from the pool only when the last one is full) and returns the new blocks' ids;
 - ``slot_mapping`` (:func:`~minipaged.kv.slot_mapping.build_slot_mapping`): every step,
   ``(block_tables, starts, ends, block_size, device)`` -> int64 ``[num_new_tokens]``;
 - ``block_hashes`` (:func:`~minipaged.kv.prefix_cache.chain_hashes`): when a prompt arrives and
@@ -44,11 +47,13 @@ from minipaged.attention.backends import AttentionBackend
 from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.kv.block_pool import BlockPool, KVBlockPool, fork_blocks
+from minipaged.kv.block_table import BlockTable
 from minipaged.kv.kv_cache_block import KVCacheBlock
 from minipaged.kv.prefix_cache import PrefixIndex, chain_hashes, copy_on_write
 from minipaged.kv.slot_mapping import SlotMappingFn, build_slot_mapping
 
 BlockPoolFactory = Callable[[int], KVBlockPool]
+AppendTokensFn = Callable[[BlockTable, int, KVBlockPool], list[int]]
 BlockHashFn = Callable[[Seq[int], int, "list[int] | None", object], list[int]]
 PrefixLookupFn = Callable[[PrefixIndex, Seq[int], Seq[int], int], list[KVCacheBlock]]
 CopyOnWriteFn = Callable[[KVBlockPool, list[int], int], "tuple[int, int] | None"]
@@ -61,6 +66,7 @@ class EnginePlugins:
     """One engine's pieces (see the module docstring); ``EnginePlugins()`` is the package's engine."""
 
     block_pool: BlockPoolFactory = BlockPool
+    append_tokens: AppendTokensFn = BlockTable.append_tokens
     slot_mapping: SlotMappingFn = build_slot_mapping
     block_hashes: BlockHashFn = chain_hashes
     prefix_lookup: PrefixLookupFn = PrefixIndex.find

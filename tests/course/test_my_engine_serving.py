@@ -42,7 +42,7 @@ def test_the_learners_engine_answers_real_chats_with_the_packages_tokens():
     stats = mine.kv_stats()
     assert stats["num_preemptions"] >= 1 and stats["prefix_hit_tokens"] > 0 and stats["prefix_evictions"] > 0
     calls = mine.pieces.calls
-    ran = ["store_kv", "paged_decode_attention", "paged_prefill_attention", "slot_mapping", "schedule"]
+    ran = ["append_tokens", "store_kv", "paged_decode_attention", "paged_prefill_attention", "slot_mapping", "schedule"]
     ran += ["schedule: preempted", "block_hashes", "get_computed_blocks", "pool.allocate", "pool.touch"]
     assert [p for p in ran if calls[p] == 0] == []
 
@@ -109,7 +109,7 @@ def test_the_report_counts_the_pieces_that_are_yours(capsys):
     _my_engine_summary(SOLUTIONS)
     _my_engine_summary(ROOT)
     out = capsys.readouterr().out
-    assert "Your engine: 9 of the engine's 9 pieces are yours" in out and "Your engine: 0 of the engine's 9" in out
+    assert "Your engine: 10 of the engine's 10 pieces are yours" in out and "Your engine: 0 of the engine's 10" in out
 
 
 def test_exercises_serve_without_my_engine_says_how_to_get_one(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,8 @@ module answers in its own stage's terms, and one adapter per seam translates:
   The engine reads and sets its blocks' ``ref_cnt`` / ``block_hash`` and calls ``allocate``,
   ``free``, ``share``, ``touch``; when the learner's ``allocate`` hands out a cached block (its
   ``on_evict`` seam), the block leaves the pool's map of cached blocks;
+- :func:`learner_append_tokens` (``append_tokens``): stage 2's ``BlockTable.append_tokens`` grows
+  every sequence's table whenever a step brings it tokens;
 - :func:`learner_slot_mapping` (``slot_mapping``): stage 3's ``slot_mapping``, every step;
 - :class:`LearnerAttention` (``attention_backend``): stage 3's ``store_kv`` in every layer, its
   ``paged_decode_attention`` for steps of one new token per sequence and its
@@ -39,6 +41,7 @@ from minipaged.engine.scheduler import Scheduler
 from minipaged.engine.scheduler_output import SchedulerOutput
 from minipaged.engine.sequence import Sequence, Status
 from minipaged.kv.block_pool import KVCacheBlock, NoFreeBlocksError
+from minipaged.kv.block_table import BlockTable
 from minipaged.kv.cached_blocks import CachedBlocks
 from minipaged.kv.prefix_cache import PrefixIndex
 
@@ -100,6 +103,21 @@ class LearnerPool:
     def touch(self, block: KVCacheBlock | int) -> None:
         self.calls["pool.touch"] += 1
         self.pool.touch(self._block(block))
+
+
+def learner_append_tokens(stage2: ModuleType, calls: Counter) -> Callable[[BlockTable, int, Any], list[int]]:
+    """``EnginePlugins.append_tokens``: stage 2's ``BlockTable.append_tokens`` on a copy of the
+    engine's table (its ``block_ids`` and ``num_tokens``), whose result the engine's table takes."""
+
+    def append_tokens(table: BlockTable, num_new_tokens: int, pool: Any) -> list[int]:
+        calls["append_tokens"] += 1
+        mine = stage2.BlockTable(table.block_size)
+        mine.block_ids, mine.num_tokens = list(table.block_ids), table.num_tokens
+        new = list(mine.append_tokens(num_new_tokens, pool))
+        table.block_ids, table.num_tokens = list(mine.block_ids), mine.num_tokens
+        return new
+
+    return append_tokens
 
 
 def learner_slot_mapping(stage3: ModuleType, calls: Counter) -> Callable[..., torch.Tensor]:

@@ -1,7 +1,8 @@
 """The learner's engine serves real chats: ``my_engine``'s pieces in the package's engine.
 
 :func:`learner_engine` builds an :class:`~minipaged.engine.llm.LLM` whose pieces are the
-learner's wherever their stage's check passes: the block pool (stage 1), the slot mapping, the
+learner's wherever their stage's check passes: the block pool (stage 1), the block tables' growth
+(stage 2), the slot mapping, the
 K/V write and paged attention (stage 3), the scheduler (stage 5), the block hashes, prefix hits,
 forks and copy-on-write (stage 6). Only the model, the tokenizer and the engine's step itself
 (schedule -> execute -> update, with its all-or-nothing transaction) are the package's. Each
@@ -26,6 +27,7 @@ from minipaged.course.my_engine.base import Result
 from minipaged.course.my_engine.seams import (
     LearnerAttention,
     LearnerPool,
+    learner_append_tokens,
     learner_block_hashes,
     learner_prefix_lookup,
     learner_scheduler,
@@ -43,6 +45,7 @@ from minipaged.viz.pool import draw_pool
 # piece -> (stage, the checks it needs)
 PIECES: dict[str, tuple[int, tuple[str, ...]]] = {
     "block pool": (1, ("BlockPool: allocate, free, share", "BlockPool.touch")),
+    "block tables": (2, ("BlockTable: append_tokens, physical",)),
     "slot mapping": (3, ("slot_mapping",)),
     "K/V write": (3, ("store_kv",)),
     "decode attention": (3, ("paged_decode_attention",)),
@@ -114,6 +117,8 @@ def learner_plugins(modules: dict[int, Any], pieces: Pieces) -> EnginePlugins:
     fields: dict[str, Any] = {}
     if "block pool" in yours:
         fields["block_pool"] = lambda n: LearnerPool(modules[1].BlockPool(n), calls)
+    if "block tables" in yours:
+        fields["append_tokens"] = learner_append_tokens(modules[2], calls)
     if "slot mapping" in yours:
         fields["slot_mapping"] = learner_slot_mapping(modules[3], calls)
     attention = {"store_kv": "K/V write", "decode": "decode attention", "prefill": "prefill attention"}
