@@ -41,6 +41,7 @@ from minipaged.engine.sampling_params import SamplingParams
 from minipaged.engine.step_output import StepOutput
 from minipaged.kv.block_pool import BlockPool
 from minipaged.viz.pool import draw_pool
+from minipaged.viz.pool_state import owners_from_tables
 
 # piece -> (stage, the checks it needs)
 PIECES: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -175,11 +176,10 @@ class Comparison:
         """The learner's pool at its fullest: each block coloured by the chats that hold it."""
         if self.fullest is None:
             raise ValueError("no step ran: nothing to draw")
-        owners: dict[int, list[str]] = {}
+        tables: dict[str, list[int]] = {}
         for seq in self.fullest.running:
-            for block in seq.block_ids:
-                owners.setdefault(block, []).append(f"chat {seq.request_id}")
-        return draw_pool(self.fullest.ref_cnt, owners, cached=self.fullest.cached, title=title)
+            tables.setdefault(f"chat {seq.request_id}", []).extend(seq.block_ids)
+        return draw_pool(self.fullest.ref_cnt, owners_from_tables(tables), cached=self.fullest.cached, title=title)
 
 
 def compare(learner: LLM, package: LLM, conversations: list[Any], max_tokens: int = 24) -> Comparison:
